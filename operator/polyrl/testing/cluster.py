@@ -1,0 +1,231 @@
+"""A whole test cluster: the control plane plus our node agent, started and stopped as one.
+
+    python -m polyrl.testing.cluster up [--nodes 2] [--mode exec]   # prints KUBECONFIG
+    python -m polyrl.testing.cluster down
+    python -m polyrl.testing.cluster status
+
+`up` leaves the processes running and writes their PIDs to `state.json` in the cluster
+directory (default `~/.cache/polyrl/cluster`); `down` stops exactly those PIDs, checking
+first that each still runs the binary we started, then removes the data. The pytest
+session fixture uses the same class in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from polyrl.testing import processes, tools
+from polyrl.testing.controlplane import ControlPlane
+from polyrl.testing.errors import StartupError
+
+
+class Cluster:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        tool_paths: tools.Tools,
+        nodes: list[str] | None = None,
+        mode: str = "status",
+        apiserver_port: int = 0,
+        ready_timeout: float = 90.0,
+    ) -> None:
+        self.workdir = workdir
+        self.control_plane = ControlPlane(
+            workdir, tools=tool_paths, apiserver_port=apiserver_port, ready_timeout=ready_timeout
+        )
+        self.node_specs = nodes or ["polyrl-node-0"]
+        self.mode = mode
+        self.ready_timeout = ready_timeout
+        self.agent: processes.Managed | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    @property
+    def node_names(self) -> list[str]:
+        return [spec.split(",", 1)[0] for spec in self.node_specs]
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.control_plane.timings.steps
+
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.control_plane.start()
+        try:
+            started = time.monotonic()
+            self._start_agent()
+            self._wait_usable()
+            self.timings["node agent + nodes Ready"] = time.monotonic() - started
+        except BaseException:
+            self.stop(remove=False)
+            raise
+
+    def stop(self, *, remove: bool = True) -> None:
+        if self.agent is not None:
+            processes.stop(self.agent)
+            self.agent = None
+        self.control_plane.stop(remove=remove)
+        if remove:
+            shutil.rmtree(self.workdir / "agent", ignore_errors=True)
+
+    def api(self) -> client.ApiClient:
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def _start_agent(self) -> None:
+        argv: list[str | Path] = [
+            sys.executable,
+            "-m",
+            "polyrl.testing.nodeagent",
+            "--kubeconfig",
+            self.kubeconfig,
+            "--mode",
+            self.mode,
+            "--workdir",
+            self.workdir / "agent",
+            "--kube-version",
+            tools.K8S_VERSION,
+        ]
+        for spec in self.node_specs:
+            argv += ["--node", spec]
+        self.agent = processes.start(
+            "node-agent", argv, log=self.control_plane.logs / "node-agent.log"
+        )
+
+    def _wait_usable(self) -> None:
+        """Nodes Ready and untainted, and the default ServiceAccount made (pods need it)."""
+        assert self.agent is not None
+        core = client.CoreV1Api(self.api())
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if not self.agent.alive():
+                reason = f"node agent exited:\n{processes.tail(self.agent.log)}"
+                raise StartupError("node agent: register nodes", reason, self.agent.log)
+            if self._nodes_ready(core) and _has_default_sa(core):
+                return
+            time.sleep(0.2)
+        raise StartupError(
+            "node agent: wait for Ready nodes",
+            f"nodes not Ready after {self.ready_timeout:.0f}s",
+            self.agent.log,
+        )
+
+    def _nodes_ready(self, core: client.CoreV1Api) -> bool:
+        ready = set()
+        for node in core.list_node().items:
+            conds = {c.type: c.status for c in (node.status.conditions or [])}
+            if conds.get("Ready") == "True" and not (node.spec.taints or []):
+                ready.add(node.metadata.name)
+        return ready >= set(self.node_names)
+
+    def state(self) -> dict[str, Any]:
+        state = self.control_plane.state()
+        if self.agent is not None:
+            state["processes"].append(
+                {
+                    "name": self.agent.name,
+                    "pid": self.agent.pid,
+                    "argv0": self.agent.argv0,
+                    "log": str(self.agent.log),
+                }
+            )
+        state["nodes"] = self.node_names
+        state["timings"] = self.timings
+        return state
+
+
+def _has_default_sa(core: client.CoreV1Api) -> bool:
+    try:
+        core.read_namespaced_service_account("default", "default")
+    except ApiException:
+        return False
+    return True
+
+
+def default_dir() -> Path:
+    return tools.cache_dir() / "cluster"
+
+
+def stop_from_state(workdir: Path) -> list[str]:
+    """Stop the processes a `cluster up` recorded; returns the names it stopped."""
+    state_file = workdir / "state.json"
+    if not state_file.exists():
+        return []
+    state = json.loads(state_file.read_text())
+    stopped = []
+    for entry in reversed(state["processes"]):
+        proc = processes.Managed(entry["name"], entry["pid"], entry["argv0"], Path(entry["log"]))
+        if proc.alive():
+            processes.stop(proc)
+            stopped.append(entry["name"])
+    shutil.rmtree(workdir, ignore_errors=True)
+    return stopped
+
+
+def _up(args: argparse.Namespace) -> int:
+    if (args.dir / "state.json").exists():
+        print(f"a cluster is already up in {args.dir}; run `down` first", file=sys.stderr)
+        return 1
+    t0 = time.monotonic()
+    tool_paths = tools.ensure()
+    built = time.monotonic() - t0
+    nodes = [f"polyrl-node-{i}" for i in range(args.nodes)]
+    cluster = Cluster(
+        args.dir, tool_paths=tool_paths, nodes=nodes, mode=args.mode, apiserver_port=args.port
+    )
+    cluster.start()
+    (args.dir / "state.json").write_text(json.dumps(cluster.state(), indent=2))
+    print(f"tools ready in {built:.1f}s; cluster up in {cluster.control_plane.timings.summary()}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m polyrl.testing.cluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("--dir", type=Path, default=default_dir())
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--mode", choices=["status", "exec"], default="exec")
+    parser.add_argument("--port", type=int, default=0, help="API server port (0: a free one)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            return _up(args)
+        if args.command == "down":
+            stopped = stop_from_state(args.dir)
+            print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+            return 0
+        state_file = args.dir / "state.json"
+        if not state_file.exists():
+            print("no cluster is up")
+            return 1
+        print(state_file.read_text())
+        return 0
+    except StartupError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

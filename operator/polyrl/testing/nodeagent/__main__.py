@@ -1,0 +1,81 @@
+"""python -m polyrl.testing.nodeagent --kubeconfig K --node NAME[,label=value...] [--mode exec]"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+from kubernetes import config
+
+from polyrl.testing.nodeagent import agent, nodes
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m polyrl.testing.nodeagent",
+        description="Register nodes, keep them Ready and act as their kubelet "
+        "(a test fake: no container runtime).",
+    )
+    parser.add_argument("--kubeconfig", required=True, type=Path)
+    parser.add_argument(
+        "--node",
+        action="append",
+        type=nodes.NodeSpec.parse,
+        default=[],
+        help="NAME[,label=value,...,capacity.RESOURCE=QTY]; repeat for more nodes",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=agent.MODES,
+        default="status",
+        help="exec runs pod commands as processes; status only marks pods "
+        "Running (default); namespaces override with label "
+        f"{agent.MODE_LABEL}",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where pod sandboxes and logs go (default: a temp dir)",
+    )
+    parser.add_argument("--kube-version", default="v1.36.3")
+    parser.add_argument("--lease-interval", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    if not args.node:
+        args.node = [nodes.NodeSpec(name="polyrl-node-0")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="polyrl-nodeagent-"))
+    api = config.new_client_from_config(config_file=str(args.kubeconfig))
+    node_agent = agent.Agent(
+        api,
+        nodes_=args.node,
+        mode=args.mode,
+        workdir=workdir,
+        kube_version=args.kube_version,
+        lease_interval=args.lease_interval,
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    with contextlib.suppress(KeyboardInterrupt):
+        node_agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

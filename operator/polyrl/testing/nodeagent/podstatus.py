@@ -1,0 +1,112 @@
+"""The pod statuses a kubelet would post, as plain dicts for a strategic-merge patch.
+
+Conditions merge by `type` and container statuses by `name`, so each patch carries the
+whole picture of what it changes and nothing else.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+POD_IP = "127.0.0.1"
+
+
+def stamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class ContainerState:
+    """What we know of one container: running since, or exited with a code."""
+
+    name: str
+    image: str
+    started_at: str | None = None
+    exit_code: int | None = None
+    finished_at: str | None = None
+    reason: str = ""
+    message: str = ""
+    restarts: int = 0
+    pid: int | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        if self.exit_code is not None:
+            state: dict[str, Any] = {
+                "terminated": {
+                    "exitCode": self.exit_code,
+                    "reason": self.reason or ("Completed" if self.exit_code == 0 else "Error"),
+                    "message": self.message,
+                    "startedAt": self.started_at or self.finished_at,
+                    "finishedAt": self.finished_at,
+                }
+            }
+        elif self.started_at is not None:
+            state = {"running": {"startedAt": self.started_at}}
+        else:
+            state = {
+                "waiting": {"reason": self.reason or "ContainerCreating", "message": self.message}
+            }
+        running = "running" in state
+        return {
+            "name": self.name,
+            "image": self.image,
+            "imageID": "",
+            "containerID": f"polyrl://{self.pid}" if self.pid else "",
+            "ready": running,
+            "started": running,
+            "restartCount": self.restarts,
+            "state": state,
+        }
+
+
+def _condition(kind: str, ok: bool, reason: str = "") -> dict[str, str]:
+    cond = {"type": kind, "status": "True" if ok else "False", "lastTransitionTime": stamp()}
+    if reason:
+        cond["reason"] = reason
+    return cond
+
+
+def pod_status(
+    phase: str,
+    containers: Sequence[ContainerState],
+    *,
+    start_time: str,
+    reason: str = "",
+    message: str = "",
+) -> dict[str, Any]:
+    """A full pod status for `phase` (Running, Succeeded or Failed)."""
+    ready = phase == "Running" and all(c.started_at and c.exit_code is None for c in containers)
+    not_ready = "" if ready else ("PodCompleted" if phase != "Running" else "ContainersNotReady")
+    status: dict[str, Any] = {
+        "phase": phase,
+        "hostIP": POD_IP,
+        "hostIPs": [{"ip": POD_IP}],
+        "podIP": POD_IP,
+        "podIPs": [{"ip": POD_IP}],
+        "startTime": start_time,
+        "conditions": [
+            _condition("PodReadyToStartContainers", True),
+            _condition("Initialized", True),
+            _condition("ContainersReady", ready, not_ready),
+            _condition("Ready", ready, not_ready),
+        ],
+        "containerStatuses": [c.to_status() for c in containers],
+    }
+    if reason:
+        status["reason"] = reason
+    if message:
+        status["message"] = message
+    return status
+
+
+def final_phase(containers: Sequence[ContainerState]) -> str:
+    return "Succeeded" if all(c.exit_code == 0 for c in containers) else "Failed"
+
+
+def containers_of(pod: Mapping[str, Any]) -> list[ContainerState]:
+    return [
+        ContainerState(name=c["name"], image=c.get("image", "")) for c in pod["spec"]["containers"]
+    ]

@@ -1,0 +1,112 @@
+"""Session-wide real services: one nats-server with JetStream and one Kubernetes cluster.
+
+Both start lazily, on the first test that asks for them, and stop by PID at the end of
+the session. Start-up times are printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from polyrl.testing import tools
+from polyrl.testing.cluster import Cluster
+from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.natsserver import NatsServer
+
+_TIMINGS: dict[str, str] = {}
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _TIMINGS:
+        terminalreporter.section("test services")
+        for name, text in _TIMINGS.items():
+            terminalreporter.write_line(f"{name}: {text}")
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    server = NatsServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    _TIMINGS["nats-server"] = f"started in {server.startup_seconds:.2f}s at {server.url}"
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def k8s_tools() -> tools.Tools:
+    started = time.monotonic()
+    was_built = tools.is_built("kubernetes") and tools.is_built("etcd")
+    found = tools.ensure()
+    state = "cached" if was_built else f"built in {time.monotonic() - started:.0f}s"
+    _TIMINGS["kubernetes tools"] = f"{tools.K8S_VERSION} + etcd {tools.ETCD_VERSION}, {state}"
+    return found
+
+
+@pytest.fixture(scope="session")
+def cluster(k8s_tools: tools.Tools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two agent nodes in `status` mode; a namespace labelled exec runs pod commands."""
+    started = time.monotonic()
+    test_cluster = Cluster(
+        tmp_path_factory.mktemp("k8s"),
+        tool_paths=k8s_tools,
+        nodes=[
+            "polyrl-node-0,topology.kubernetes.io/region=local",
+            "polyrl-node-1,topology.kubernetes.io/region=remote",
+        ],
+        mode="status",
+    )
+    test_cluster.start()
+    _TIMINGS["control plane"] = (
+        f"ready in {time.monotonic() - started:.1f}s "
+        f"({test_cluster.control_plane.timings.summary()})"
+    )
+    test_cluster.started_at = time.monotonic()  # type: ignore[attr-defined]
+    yield test_cluster
+    test_cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_api(cluster: Cluster) -> client.ApiClient:
+    return cluster.api()
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: Cluster, k8s_tools: tools.Tools) -> Kubectl:
+    return Kubectl(k8s_tools.kubectl, cluster.kubeconfig)
+
+
+def _make_namespace(kubectl: Kubectl, mode: str | None) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    labels = f"\n  labels:\n    agent.polyrl.dev/mode: {mode}" if mode else ""
+    kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}{labels}\n")
+    # The ServiceAccount admission plugin rejects pods until the SA controller made one.
+    wait_for(
+        f"the default ServiceAccount in {name}",
+        lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+    )
+    yield name
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace whose pods are only marked Running (nothing is executed)."""
+    yield from _make_namespace(kubectl, None)
+
+
+@pytest.fixture
+def exec_namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace whose pods' commands the node agent runs as local processes."""
+    yield from _make_namespace(kubectl, "exec")
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

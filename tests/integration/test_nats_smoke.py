@@ -1,0 +1,56 @@
+"""The test nats-server is real: JetStream streams, pull consumers, acks and redelivery."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.js.api import ConsumerConfig, StreamConfig
+
+from polyrl.testing.natsserver import NatsServer
+
+
+async def test_jetstream_delivers_published_messages_and_honours_acks(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="SMOKE", subjects=["smoke.>"]))
+        for i in range(3):
+            ack = await js.publish("smoke.work", f"job-{i}".encode())
+            assert ack.stream == "SMOKE"
+        sub = await js.pull_subscribe(
+            "smoke.work", durable="workers", config=ConsumerConfig(ack_wait=1.0)
+        )
+        first = await sub.fetch(3, timeout=5)
+        assert [m.data for m in first] == [b"job-0", b"job-1", b"job-2"]
+        await first[0].ack()
+        await first[1].ack()
+        # job-2 was never acked: JetStream redelivers it after ack_wait, and only it.
+        again = await sub.fetch(1, timeout=5)
+        assert again[0].data == b"job-2"
+        assert again[0].metadata.num_delivered == 2
+        await again[0].ack()
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.fetch(1, timeout=1.5)
+        info = await js.consumer_info("SMOKE", "workers")
+        assert info.num_ack_pending == 0
+    finally:
+        await nc.close()
+
+
+async def test_the_object_store_round_trips_an_object_larger_than_one_chunk(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        store = await js.create_object_store("smoke-objects")
+        payload = bytes(range(256)) * 8192  # 2 MiB
+        await store.put("blob", payload)
+        got = await asyncio.wait_for(store.get("blob"), timeout=30)
+        assert got.data == payload
+    finally:
+        await nc.close()

@@ -1,0 +1,45 @@
+"""The `polyrl` command answers --help and --version and explains what it cannot do yet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polyrl import cli
+from polyrl._version import __version__
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polyrl.cli", *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_version_prints_the_package_version() -> None:
+    proc = run("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"polyrl {__version__}"
+
+
+def test_help_lists_the_run_command() -> None:
+    proc = run("--help")
+    assert proc.returncode == 0
+    assert "run" in proc.stdout
+    assert "RLJob" in proc.stdout
+
+
+def test_no_command_prints_help_and_exits_with_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main([]) == cli.EXIT_USAGE
+    assert "usage: polyrl" in capsys.readouterr().out
+
+
+def test_run_with_a_missing_job_file_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", str(tmp_path / "nope.yaml")]) == cli.EXIT_USAGE
+    assert "nope.yaml does not exist" in capsys.readouterr().err

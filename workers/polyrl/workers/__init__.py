@@ -1,0 +1,1 @@
+"""Data-plane workers: trainers, rollout workers, workflow runners and the weight-delta codec."""
