@@ -50,6 +50,14 @@ def k8s_tools() -> tools.Tools:
 
 
 @pytest.fixture(scope="session")
+def helm_binary() -> Path:
+    """helm built from `helm.sh/helm/v3/cmd/helm` (built on first use if missing)."""
+    found = tools.ensure(with_helm=True).helm
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="session")
 def cluster(k8s_tools: tools.Tools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Two agent nodes in `status` mode; a namespace labelled exec runs pod commands."""
     started = time.monotonic()
@@ -110,3 +118,21 @@ def exec_namespace(kubectl: Kubectl) -> Iterator[str]:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests run wherever CUDA is present and are skipped, with the reason, elsewhere."""
+    if not any(item.get_closest_marker("gpu") for item in items) or _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
