@@ -1,0 +1,110 @@
+"""Shared building blocks of the API models: camelCase wire names, strictness, conditions.
+
+Every resource model accepts and emits camelCase (as Kubernetes does) while Python code
+uses snake_case. Unknown fields are errors (`extra="forbid"`), matching the CRDs' structural
+schemas, so a typo fails in `polyrl run` exactly as it fails in `kubectl apply`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "polyrl.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DNS1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+Dns1035Name = Annotated[str, Field(pattern=DNS1035, min_length=1, max_length=63)]
+# Resource quantities ("500m", "2Gi", 4) as Kubernetes writes them.
+Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The camelCase JSON form, without unset optional fields."""
+        data: dict[str, Any] = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return data
+
+
+class Resources(ApiModel):
+    """Compute resources of a container (`requests` and `limits`, as in a Pod)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Minimum resources, e.g. {cpu: 2, memory: 8Gi}.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Maximum resources, e.g. {nvidia.com/gpu: 1}.")
+
+
+class Toleration(ApiModel):
+    """A Pod toleration, so rollout pools can use tainted GPU or regional nodes."""
+
+    key: str | None = Field(None, description="Taint key; empty with operator Exists matches all.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="How key and value are matched.")
+    value: str | None = Field(None, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect to tolerate; empty means all.")
+    toleration_seconds: int | None = Field(None, description="For NoExecute: how long the pod stays bound after the taint appears.")
+
+
+class ConditionStatus(enum.StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """A metav1.Condition: one aspect of an object's state, with why and since when."""
+
+    type: str = Field(description="CamelCase kind of condition, e.g. Ready or TrainerHealthy.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase, machine-readable cause of the last transition.")
+    message: str = Field("", description="Human-readable details.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int = Field(0, ge=0, description="The .metadata.generation this condition was set against.")
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[Condition],
+    *,
+    type: str,
+    status: ConditionStatus | bool,
+    reason: str,
+    message: str = "",
+    generation: int = 0,
+) -> bool:
+    """Set one condition in place; the transition time moves only when status changes.
+
+    Returns True when anything visible changed, so callers can skip no-op patches.
+    """
+    if isinstance(status, bool):
+        status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    for i, cond in enumerate(conditions):
+        if cond.type != type:
+            continue
+        changed = (cond.status, cond.reason, cond.message, cond.observed_generation) != (
+            status, reason, message, generation)
+        stamp = cond.last_transition_time if cond.status == status else now_rfc3339()
+        conditions[i] = Condition(type=type, status=status, reason=reason, message=message,
+                                  last_transition_time=stamp, observed_generation=generation)
+        return changed
+    conditions.append(Condition(type=type, status=status, reason=reason, message=message,
+                                last_transition_time=now_rfc3339(), observed_generation=generation))
+    return True
+
+
+def find_condition(conditions: list[Condition], type: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type), None)

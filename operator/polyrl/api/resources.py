@@ -1,0 +1,286 @@
+"""The user interface: `RLJob` and `PolicyGroup` (polyrl.dev/v1alpha1), spec and status.
+
+These models are the one source of truth: `polyrl crds` generates the CRDs from them, the
+operator and `polyrl run` both parse manifests with them, and what the API server rejects
+(bounds, enums, CEL rules) is declared here, next to the field it concerns.
+
+An RLJob lists its policies; the operator creates one PolicyGroup per policy (owned by the
+job) holding the policy's trainer and a first rollout pool. A PolicyGroup a user applies
+names `jobRef` and `policy` and has no trainer: it only adds rollout capacity elsewhere.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from polyrl.api.base import ApiModel, Condition, Dns1035Name, Resources, Toleration
+from polyrl.api._version import DEFAULT_IMAGE
+
+# Suffix of the longest generated child name: "-rollout-" plus up to 3 digits.
+LONGEST_SUFFIX = len("-rollout-") + 3
+MAX_NAME = 63
+
+
+class Engine(enum.StrEnum):
+    """Generation engines behind the rollout worker's engine interface."""
+
+    TORCH = "torch"
+    VLLM = "vllm"
+
+
+class WeightSync(enum.StrEnum):
+    SPARSE = "sparse"
+    FULL = "full"
+
+
+class Mode(enum.StrEnum):
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+class Phase(enum.StrEnum):
+    """Lifecycle of an RLJob or PolicyGroup, shown in `kubectl get`."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    def is_terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ModelSource(ApiModel):
+    """Where the trainer reads the initial weights; rollout workers get them from NATS."""
+
+    path: str = Field(min_length=1, description="A local path, `pvc://<claim>/<path>`, or a URI the trainer understands (e.g. `tiny-llama://<name>` builds a small model locally).")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Weight dtype served and synced.")
+    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from `path`.")
+
+
+class Optimizer(ApiModel):
+    """AdamW settings of a policy's trainer."""
+
+    lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+
+
+class TrainerSpec(ApiModel):
+    """The policy's trainer: torchrun with `replicas` nodes of `nprocPerNode` ranks."""
+
+    replicas: int = Field(1, ge=1, le=64, description="torchrun nodes (pods).")
+    nproc_per_node: int = Field(1, ge=1, le=16, description="Ranks per trainer pod.")
+    batch_size: int = Field(64, ge=1, description="Samples per optimizer step, over all ranks.")
+    micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward pass.")
+    optimizer: Optimizer = Field(default_factory=Optimizer, description="AdamW settings.")
+    checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
+    restart_limit: int = Field(3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed.")
+    resources: Resources | None = Field(None, description="Per trainer pod.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels trainer pods must match.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints trainer pods tolerate.")
+
+
+_REPLICAS_MESSAGE = "rollout replicas must satisfy minReplicas <= replicas <= maxReplicas"
+
+
+class RolloutSpec(ApiModel):
+    """An elastic pool of rollout workers serving one policy."""
+
+    model_config = ApiModel.model_config | {"json_schema_extra": {"x-kubernetes-validations": [{
+        "rule": "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+        "message": _REPLICAS_MESSAGE,
+    }]}}
+
+    replicas: int = Field(1, ge=0, le=999, description="Rollout pods. In an RLJob this only seeds the PolicyGroup; scale the PolicyGroup afterwards.")
+    min_replicas: int = Field(0, ge=0, le=999, description="Lower bound for scaling.")
+    max_replicas: int = Field(64, ge=0, le=999, description="Upper bound for scaling.")
+    engine: Engine = Field(Engine.TORCH, description="Generation engine: torch (CPU or GPU) or vllm (GPU).")
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Sequences generated together.")
+    drain_timeout_seconds: int = Field(60, ge=0, le=3600, description="How long scale-down waits for a pod to finish its in-flight requests.")
+    resources: Resources | None = Field(None, description="Per rollout pod.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels rollout pods must match (region, GPU type).")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints rollout pods tolerate.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RolloutSpec:
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(_REPLICAS_MESSAGE)
+        return self
+
+
+class PolicySpec(ApiModel):
+    """One trained policy: its model, trainer, first rollout pool and weight sync."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", min_length=1, max_length=40)] = Field(description="DNS-1035 label; names the PolicyGroup `<job>-<name>`.")
+    model: ModelSource = Field(description="Initial weights and tokenizer.")
+    image: str | None = Field(None, description="Worker image for this policy (default: the job's).")
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The policy's trainer.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The first rollout pool (seeds the PolicyGroup).")
+    weight_sync: WeightSync = Field(WeightSync.SPARSE, description="What the trainer publishes: sparse deltas or full weights.")
+    keyframe_every: int = Field(20, ge=1, le=10000, description="A full keyframe every this many versions.")
+
+
+class TaskSpec(ApiModel):
+    """The task episodes sample from: a built-in generator or `module:function`."""
+
+    name: str = Field("arithmetic", min_length=1, description="`arithmetic`, `countdown`, or `module:function`.")
+    params: dict[str, int | float | str | bool] = Field(default_factory=dict, description="Task parameters, e.g. {digits: 2}.")
+    held_out: int = Field(1000, ge=0, description="Size of the fixed held-out split.")
+    seed: int = Field(0, description="Seed of the task generator.")
+
+
+class WorkflowSpec(ApiModel):
+    """How episodes run across policies."""
+
+    name: str = Field("single", min_length=1, description="`single`, `solver-verifier`, or a Python entry point `module:function`.")
+    task: TaskSpec = Field(default_factory=TaskSpec, description="Task and data set.")
+    episodes_in_flight: int = Field(64, ge=1, le=100000, description="Episodes running at once, over all runners.")
+    replicas: int = Field(1, ge=1, le=256, description="Workflow-runner pods.")
+
+
+class AlgorithmSpec(ApiModel):
+    """GRPO-family settings shared by the job's policies."""
+
+    mode: Mode = Field(Mode.ASYNC, description="async (overlapped) or sync (generate, train, sync, repeat).")
+    group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt; advantages are normalised within a group.")
+    clip_low: float = Field(0.2, ge=0, le=1, description="PPO clip below 1.")
+    clip_high: float = Field(0.28, ge=0, le=10, description="PPO clip above 1.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL term to the initial policy (0: off).")
+    max_staleness: int = Field(4, ge=0, le=1000, description="Samples older than this many weight versions are dropped.")
+    tis_cap: float = Field(2.0, gt=0, description="Truncation of the importance ratio against behaviour log-probs.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    max_new_tokens: int = Field(16, ge=1, le=65536, description="Generation length limit.")
+
+
+class StopSpec(ApiModel):
+    """When the job is done: then phase Succeeded, pods freed, status kept."""
+
+    steps: int | None = Field(None, ge=1, description="Stop once every policy reached this trainer step.")
+    duration_seconds: int | None = Field(None, ge=1, description="Stop after this much running time.")
+
+
+class NatsSpec(ApiModel):
+    """Which NATS carries the job's traffic."""
+
+    url: str | None = Field(None, description="nats:// URL; default: the operator's.")
+    credentials_secret: str | None = Field(None, description="Secret with key `creds` (a NATS credentials file) or `token`; never copied into status or events.")
+
+
+class RLJobSpec(ApiModel):
+    image: str = Field(DEFAULT_IMAGE, min_length=1, description="Worker image for every pod unless a policy overrides it.")
+    policies: list[PolicySpec] = Field(min_length=1, max_length=16, description="The policies trained together; names are unique.", json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    workflow: WorkflowSpec = Field(default_factory=WorkflowSpec, description="Episodes: workflow, task, concurrency.")
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="RL algorithm settings.")
+    stop: StopSpec = Field(default_factory=StopSpec, description="When the job ends.")
+    suspend: bool = Field(False, description="True frees every pod; false resumes from the last published weights.")
+    nats: NatsSpec = Field(default_factory=NatsSpec, description="NATS connection.")
+
+    @model_validator(mode="after")
+    def _unique_policies(self) -> RLJobSpec:
+        names = [p.name for p in self.policies]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate policy names: {', '.join(dupes)}")
+        return self
+
+    def policy(self, name: str) -> PolicySpec | None:
+        return next((p for p in self.policies if p.name == name), None)
+
+
+class PolicyStatus(ApiModel):
+    """Headline figures of one policy, from its PolicyGroups and worker heartbeats."""
+
+    name: str = Field(description="Policy name.")
+    step: int = Field(0, ge=0, description="Trainer step.")
+    weight_version: int = Field(0, ge=0, description="Latest published weight version.")
+    reward: float | None = Field(None, description="Recent mean reward.")
+    ready_rollouts: int = Field(0, ge=0, description="Ready rollout pods over all PolicyGroups.")
+    desired_rollouts: int = Field(0, ge=0, description="Desired rollout pods over all PolicyGroups.")
+    trainer_ready: bool = Field(False, description="Every trainer pod is running.")
+
+
+class RLJobStatus(ApiModel):
+    phase: Phase = Field(Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, NatsReady, Stopped, ...", json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
+    policies: list[PolicyStatus] = Field(default_factory=list, description="Per-policy progress.")
+    policies_ready: str = Field("0/0", description="Policies whose trainer and rollouts are ready, e.g. 2/2.")
+    step: int = Field(0, ge=0, description="Smallest trainer step over the policies.")
+    weight_version: int = Field(0, ge=0, description="Smallest published weight version over the policies.")
+    rollouts: str = Field("0/0", description="Ready/desired rollout pods over all policies.")
+    start_time: str | None = Field(None, description="When the job first ran.")
+    completion_time: str | None = Field(None, description="When the job reached a terminal phase.")
+
+
+class PolicyGroupSpec(ApiModel):
+    job_ref: Dns1035Name = Field(description="The RLJob (same namespace) this group serves.")
+    policy: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=40)] = Field(description="Which of the job's policies.")
+    trainer: TrainerSpec | None = Field(None, description="Present only in the group the RLJob created; a capacity-only group has none.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="This group's rollout pool; `kubectl scale` sets replicas.")
+    image: str | None = Field(None, description="Worker image override.")
+
+
+class PolicyGroupStatus(ApiModel):
+    phase: Phase = Field(Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, TrainerHealthy, RolloutsReady, ...", json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
+    replicas: int = Field(0, ge=0, description="Active rollout pods (the scale subresource's status).")
+    ready_replicas: int = Field(0, ge=0, description="Ready rollout pods.")
+    selector: str = Field("", description="Label selector of the active rollout pods (for the scale subresource and HPAs).")
+    trainer_pods: int = Field(0, ge=0, description="Running trainer pods.")
+    trainer_restarts: int = Field(0, ge=0, description="Times the trainer was restarted after a failure.")
+    weight_version: int = Field(0, ge=0, description="Weight version the rollouts serve (lowest).")
+    step: int = Field(0, ge=0, description="Trainer step (groups with a trainer).")
+    rollout_failures: int = Field(0, ge=0, description="Consecutive rollout pod failures (drives backoff).")
+    last_failure_time: str | None = Field(None, description="When a pod of this group last failed.")
+
+
+class Metadata(ApiModel):
+    """The parts of ObjectMeta polyrl reads (others are kept by the API server)."""
+
+    model_config = ApiModel.model_config | {"extra": "allow"}
+
+    name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=MAX_NAME)
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class RLJob(ApiModel):
+    """A multi-policy RL training job."""
+
+    api_version: Literal["polyrl.dev/v1alpha1"] = "polyrl.dev/v1alpha1"
+    kind: Literal["RLJob"] = "RLJob"
+    metadata: Metadata
+    spec: RLJobSpec
+    status: RLJobStatus = Field(default_factory=RLJobStatus)
+
+    @model_validator(mode="after")
+    def _child_names_fit(self) -> RLJob:
+        for policy in self.spec.policies:
+            longest = len(self.metadata.name) + 1 + len(policy.name) + LONGEST_SUFFIX
+            if longest > MAX_NAME:
+                raise ValueError(_name_message(self.metadata.name, policy.name, longest))
+        return self
+
+
+def _name_message(job: str, policy: str, longest: int) -> str:
+    return (f"job name {job!r} with policy {policy!r} makes generated names up to {longest} "
+            f"characters; the limit is {MAX_NAME}: shorten the job or policy name")
+
+
+class PolicyGroup(ApiModel):
+    """One policy's pods: its trainer (if any) and an elastic rollout pool."""
+
+    api_version: Literal["polyrl.dev/v1alpha1"] = "polyrl.dev/v1alpha1"
+    kind: Literal["PolicyGroup"] = "PolicyGroup"
+    metadata: Metadata
+    spec: PolicyGroupSpec
+    status: PolicyGroupStatus = Field(default_factory=PolicyGroupStatus)
