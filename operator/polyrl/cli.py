@@ -74,7 +74,9 @@ def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Generate the RLJob and PolicyGroup CustomResourceDefinitions (and kopf's "
         "peering CRD) from the pydantic models, the one source of truth.",
     )
-    p.add_argument("-o", "--output", type=Path, default=Path("crds"), help="directory (default: crds)")
+    p.add_argument(
+        "-o", "--output", type=Path, default=Path("crds"), help="directory (default: crds)"
+    )
     p.add_argument("--check", action="store_true", help="only check that the files are current")
     p.set_defaults(func=_crds)
 

@@ -42,18 +42,28 @@ class ApiModel(BaseModel):
 class Resources(ApiModel):
     """Compute resources of a container (`requests` and `limits`, as in a Pod)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="Minimum resources, e.g. {cpu: 2, memory: 8Gi}.")
-    limits: dict[str, Quantity] = Field(default_factory=dict, description="Maximum resources, e.g. {nvidia.com/gpu: 1}.")
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Minimum resources, e.g. {cpu: 2, memory: 8Gi}."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Maximum resources, e.g. {nvidia.com/gpu: 1}."
+    )
 
 
 class Toleration(ApiModel):
     """A Pod toleration, so rollout pools can use tainted GPU or regional nodes."""
 
     key: str | None = Field(None, description="Taint key; empty with operator Exists matches all.")
-    operator: Literal["Exists", "Equal"] = Field("Equal", description="How key and value are matched.")
+    operator: Literal["Exists", "Equal"] = Field(
+        "Equal", description="How key and value are matched."
+    )
     value: str | None = Field(None, description="Taint value for operator Equal.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect to tolerate; empty means all.")
-    toleration_seconds: int | None = Field(None, description="For NoExecute: how long the pod stays bound after the taint appears.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate; empty means all."
+    )
+    toleration_seconds: int | None = Field(
+        None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
 
 
 class ConditionStatus(enum.StrEnum):
@@ -70,7 +80,9 @@ class Condition(ApiModel):
     reason: str = Field(description="CamelCase, machine-readable cause of the last transition.")
     message: str = Field("", description="Human-readable details.")
     last_transition_time: str = Field(description="When status last changed (RFC 3339).")
-    observed_generation: int = Field(0, ge=0, description="The .metadata.generation this condition was set against.")
+    observed_generation: int = Field(
+        0, ge=0, description="The .metadata.generation this condition was set against."
+    )
 
 
 def now_rfc3339() -> str:
@@ -96,13 +108,31 @@ def set_condition(
         if cond.type != type:
             continue
         changed = (cond.status, cond.reason, cond.message, cond.observed_generation) != (
-            status, reason, message, generation)
+            status,
+            reason,
+            message,
+            generation,
+        )
         stamp = cond.last_transition_time if cond.status == status else now_rfc3339()
-        conditions[i] = Condition(type=type, status=status, reason=reason, message=message,
-                                  last_transition_time=stamp, observed_generation=generation)
+        conditions[i] = Condition(
+            type=type,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=stamp,
+            observed_generation=generation,
+        )
         return changed
-    conditions.append(Condition(type=type, status=status, reason=reason, message=message,
-                                last_transition_time=now_rfc3339(), observed_generation=generation))
+    conditions.append(
+        Condition(
+            type=type,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=now_rfc3339(),
+            observed_generation=generation,
+        )
+    )
     return True
 
 

@@ -25,8 +25,21 @@ from polyrl.api.resources import (
     RLJobStatus,
 )
 
-_KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "minLength",
-         "maxLength", "pattern", "minItems", "maxItems", "format", "required"}
+_KEEP = {
+    "type",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "format",
+    "required",
+}
 _SCALARS = {"integer", "number", "string", "boolean"}
 
 
@@ -45,7 +58,9 @@ def convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         return _convert_any_of(node, defs)
     if "const" in node:
         node = {**node, "enum": [node["const"]]}
-    out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP or k.startswith("x-kubernetes-")}
+    out: dict[str, Any] = {
+        k: v for k, v in node.items() if k in _KEEP or k.startswith("x-kubernetes-")
+    }
     if "exclusiveMinimum" in node:
         out["minimum"], out["exclusiveMinimum"] = node["exclusiveMinimum"], True
     if "exclusiveMaximum" in node:
@@ -121,7 +136,9 @@ _NAME_RULE = {
 }
 
 
-def _root(spec: type[BaseModel], status: type[BaseModel], rules: list[dict[str, str]]) -> dict[str, Any]:
+def _root(
+    spec: type[BaseModel], status: type[BaseModel], rules: list[dict[str, str]]
+) -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["spec"],
@@ -136,26 +153,41 @@ def _root(spec: type[BaseModel], status: type[BaseModel], rules: list[dict[str, 
     }
 
 
-def _crd(kind: str, plural: str, short: str, schema: dict[str, Any], columns: list[dict[str, Any]],
-         subresources: dict[str, Any]) -> dict[str, Any]:
+def _crd(
+    kind: str,
+    plural: str,
+    short: str,
+    schema: dict[str, Any],
+    columns: list[dict[str, Any]],
+    subresources: dict[str, Any],
+) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{base.GROUP}",
-                     "labels": {"app.kubernetes.io/part-of": "polyrl"}},
+        "metadata": {
+            "name": f"{plural}.{base.GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "polyrl"},
+        },
         "spec": {
             "group": base.GROUP,
             "scope": "Namespaced",
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
-                      "shortNames": [short], "categories": ["polyrl"]},
-            "versions": [{
-                "name": base.VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": subresources,
-                "additionalPrinterColumns": columns,
-                "schema": {"openAPIV3Schema": schema},
-            }],
+            "names": {
+                "kind": kind,
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
+                "categories": ["polyrl"],
+            },
+            "versions": [
+                {
+                    "name": base.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
         },
     }
 
@@ -170,9 +202,9 @@ def _col(name: str, path: str, type_: str = "string", description: str = "") -> 
 def rljob_crd() -> dict[str, Any]:
     names_fit = {
         "rule": f"self.spec.policies.all(p, size(self.metadata.name) + 1 + size(p.name) + "
-                f"{LONGEST_SUFFIX} <= {MAX_NAME})",
+        f"{LONGEST_SUFFIX} <= {MAX_NAME})",
         "message": f"job and policy names are too long: '<job>-<policy>' plus the "
-                   f"{LONGEST_SUFFIX}-character pod suffix must fit in {MAX_NAME} characters",
+        f"{LONGEST_SUFFIX}-character pod suffix must fit in {MAX_NAME} characters",
     }
     schema = _root(RLJobSpec, RLJobStatus, [names_fit])
     columns = [
@@ -190,7 +222,7 @@ def policygroup_crd() -> dict[str, Any]:
     names_fit = {
         "rule": f"size(self.metadata.name) + {LONGEST_SUFFIX} <= {MAX_NAME}",
         "message": f"metadata.name is too long: plus the {LONGEST_SUFFIX}-character pod "
-                   f"suffix it must fit in {MAX_NAME} characters",
+        f"suffix it must fit in {MAX_NAME} characters",
     }
     schema = _root(PolicyGroupSpec, PolicyGroupStatus, [names_fit])
     columns = [
@@ -202,11 +234,14 @@ def policygroup_crd() -> dict[str, Any]:
         _col("Version", ".status.weightVersion", "integer", "Weight version served"),
         _col("Age", ".metadata.creationTimestamp", "date"),
     ]
-    scale = {"specReplicasPath": ".spec.rollout.replicas",
-             "statusReplicasPath": ".status.replicas",
-             "labelSelectorPath": ".status.selector"}
-    return _crd("PolicyGroup", "policygroups", "pg", schema, columns,
-                {"status": {}, "scale": scale})
+    scale = {
+        "specReplicasPath": ".spec.rollout.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    return _crd(
+        "PolicyGroup", "policygroups", "pg", schema, columns, {"status": {}, "scale": scale}
+    )
 
 
 def all_crds() -> dict[str, dict[str, Any]]:
@@ -220,6 +255,7 @@ def all_crds() -> dict[str, dict[str, Any]]:
 
 def kopf_peering_crds() -> dict[str, dict[str, Any]]:
     """kopf's peering resources, so a second operator replica pauses instead of fighting."""
+
     def crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
         return {
             "apiVersion": "apiextensions.k8s.io/v1",
@@ -229,17 +265,30 @@ def kopf_peering_crds() -> dict[str, dict[str, Any]]:
                 "scope": scope,
                 "group": "kopf.dev",
                 "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-                "versions": [{
-                    "name": "v1", "served": True, "storage": True,
-                    "schema": {"openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {"status": {
-                            "type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }},
-                }],
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "properties": {
+                                    "status": {
+                                        "type": "object",
+                                        "x-kubernetes-preserve-unknown-fields": True,
+                                    }
+                                },
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                ],
             },
         }
 
-    return {"kopf.dev_clusterkopfpeerings.yaml":
-            crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster")}
+    return {
+        "kopf.dev_clusterkopfpeerings.yaml": crd(
+            "ClusterKopfPeering", "clusterkopfpeerings", "Cluster"
+        )
+    }

@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from polyrl.api.base import ApiModel, Condition, Dns1035Name, Resources, Toleration
 from polyrl.api._version import DEFAULT_IMAGE
+from polyrl.api.base import ApiModel, Condition, Dns1035Name, Resources, Toleration
 
 # Suffix of the longest generated child name: "-rollout-" plus up to 3 digits.
 LONGEST_SUFFIX = len("-rollout-") + 3
@@ -57,9 +57,16 @@ class Phase(enum.StrEnum):
 class ModelSource(ApiModel):
     """Where the trainer reads the initial weights; rollout workers get them from NATS."""
 
-    path: str = Field(min_length=1, description="A local path, `pvc://<claim>/<path>`, or a URI the trainer understands (e.g. `tiny-llama://<name>` builds a small model locally).")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Weight dtype served and synced.")
-    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from `path`.")
+    path: str = Field(
+        min_length=1,
+        description="A local path, `pvc://<claim>/<path>`, or a URI the trainer understands (e.g. `tiny-llama://<name>` builds a small model locally).",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Weight dtype served and synced."
+    )
+    tokenizer: str | None = Field(
+        None, description="Tokenizer location when it differs from `path`."
+    )
 
 
 class Optimizer(ApiModel):
@@ -79,10 +86,16 @@ class TrainerSpec(ApiModel):
     micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward pass.")
     optimizer: Optimizer = Field(default_factory=Optimizer, description="AdamW settings.")
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
-    restart_limit: int = Field(3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed.")
+    restart_limit: int = Field(
+        3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed."
+    )
     resources: Resources | None = Field(None, description="Per trainer pod.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels trainer pods must match.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Taints trainer pods tolerate.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels trainer pods must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints trainer pods tolerate."
+    )
 
 
 _REPLICAS_MESSAGE = "rollout replicas must satisfy minReplicas <= replicas <= maxReplicas"
@@ -91,20 +104,42 @@ _REPLICAS_MESSAGE = "rollout replicas must satisfy minReplicas <= replicas <= ma
 class RolloutSpec(ApiModel):
     """An elastic pool of rollout workers serving one policy."""
 
-    model_config = ApiModel.model_config | {"json_schema_extra": {"x-kubernetes-validations": [{
-        "rule": "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
-        "message": _REPLICAS_MESSAGE,
-    }]}}
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+                    "message": _REPLICAS_MESSAGE,
+                }
+            ]
+        }
+    }
 
-    replicas: int = Field(1, ge=0, le=999, description="Rollout pods. In an RLJob this only seeds the PolicyGroup; scale the PolicyGroup afterwards.")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=999,
+        description="Rollout pods. In an RLJob this only seeds the PolicyGroup; scale the PolicyGroup afterwards.",
+    )
     min_replicas: int = Field(0, ge=0, le=999, description="Lower bound for scaling.")
     max_replicas: int = Field(64, ge=0, le=999, description="Upper bound for scaling.")
-    engine: Engine = Field(Engine.TORCH, description="Generation engine: torch (CPU or GPU) or vllm (GPU).")
+    engine: Engine = Field(
+        Engine.TORCH, description="Generation engine: torch (CPU or GPU) or vllm (GPU)."
+    )
     max_batch_size: int = Field(32, ge=1, le=4096, description="Sequences generated together.")
-    drain_timeout_seconds: int = Field(60, ge=0, le=3600, description="How long scale-down waits for a pod to finish its in-flight requests.")
+    drain_timeout_seconds: int = Field(
+        60,
+        ge=0,
+        le=3600,
+        description="How long scale-down waits for a pod to finish its in-flight requests.",
+    )
     resources: Resources | None = Field(None, description="Per rollout pod.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels rollout pods must match (region, GPU type).")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Taints rollout pods tolerate.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels rollout pods must match (region, GPU type)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints rollout pods tolerate."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutSpec:
@@ -116,20 +151,34 @@ class RolloutSpec(ApiModel):
 class PolicySpec(ApiModel):
     """One trained policy: its model, trainer, first rollout pool and weight sync."""
 
-    name: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", min_length=1, max_length=40)] = Field(description="DNS-1035 label; names the PolicyGroup `<job>-<name>`.")
+    name: Annotated[
+        str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", min_length=1, max_length=40)
+    ] = Field(description="DNS-1035 label; names the PolicyGroup `<job>-<name>`.")
     model: ModelSource = Field(description="Initial weights and tokenizer.")
-    image: str | None = Field(None, description="Worker image for this policy (default: the job's).")
+    image: str | None = Field(
+        None, description="Worker image for this policy (default: the job's)."
+    )
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The policy's trainer.")
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The first rollout pool (seeds the PolicyGroup).")
-    weight_sync: WeightSync = Field(WeightSync.SPARSE, description="What the trainer publishes: sparse deltas or full weights.")
-    keyframe_every: int = Field(20, ge=1, le=10000, description="A full keyframe every this many versions.")
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="The first rollout pool (seeds the PolicyGroup)."
+    )
+    weight_sync: WeightSync = Field(
+        WeightSync.SPARSE, description="What the trainer publishes: sparse deltas or full weights."
+    )
+    keyframe_every: int = Field(
+        20, ge=1, le=10000, description="A full keyframe every this many versions."
+    )
 
 
 class TaskSpec(ApiModel):
     """The task episodes sample from: a built-in generator or `module:function`."""
 
-    name: str = Field("arithmetic", min_length=1, description="`arithmetic`, `countdown`, or `module:function`.")
-    params: dict[str, int | float | str | bool] = Field(default_factory=dict, description="Task parameters, e.g. {digits: 2}.")
+    name: str = Field(
+        "arithmetic", min_length=1, description="`arithmetic`, `countdown`, or `module:function`."
+    )
+    params: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="Task parameters, e.g. {digits: 2}."
+    )
     held_out: int = Field(1000, ge=0, description="Size of the fixed held-out split.")
     seed: int = Field(0, description="Seed of the task generator.")
 
@@ -137,22 +186,41 @@ class TaskSpec(ApiModel):
 class WorkflowSpec(ApiModel):
     """How episodes run across policies."""
 
-    name: str = Field("single", min_length=1, description="`single`, `solver-verifier`, or a Python entry point `module:function`.")
+    name: str = Field(
+        "single",
+        min_length=1,
+        description="`single`, `solver-verifier`, or a Python entry point `module:function`.",
+    )
     task: TaskSpec = Field(default_factory=TaskSpec, description="Task and data set.")
-    episodes_in_flight: int = Field(64, ge=1, le=100000, description="Episodes running at once, over all runners.")
+    episodes_in_flight: int = Field(
+        64, ge=1, le=100000, description="Episodes running at once, over all runners."
+    )
     replicas: int = Field(1, ge=1, le=256, description="Workflow-runner pods.")
 
 
 class AlgorithmSpec(ApiModel):
     """GRPO-family settings shared by the job's policies."""
 
-    mode: Mode = Field(Mode.ASYNC, description="async (overlapped) or sync (generate, train, sync, repeat).")
-    group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt; advantages are normalised within a group.")
+    mode: Mode = Field(
+        Mode.ASYNC, description="async (overlapped) or sync (generate, train, sync, repeat)."
+    )
+    group_size: int = Field(
+        8,
+        ge=2,
+        le=1024,
+        description="Samples per prompt; advantages are normalised within a group.",
+    )
     clip_low: float = Field(0.2, ge=0, le=1, description="PPO clip below 1.")
     clip_high: float = Field(0.28, ge=0, le=10, description="PPO clip above 1.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL term to the initial policy (0: off).")
-    max_staleness: int = Field(4, ge=0, le=1000, description="Samples older than this many weight versions are dropped.")
-    tis_cap: float = Field(2.0, gt=0, description="Truncation of the importance ratio against behaviour log-probs.")
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the KL term to the initial policy (0: off)."
+    )
+    max_staleness: int = Field(
+        4, ge=0, le=1000, description="Samples older than this many weight versions are dropped."
+    )
+    tis_cap: float = Field(
+        2.0, gt=0, description="Truncation of the importance ratio against behaviour log-probs."
+    )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     max_new_tokens: int = Field(16, ge=1, le=65536, description="Generation length limit.")
 
@@ -160,24 +228,46 @@ class AlgorithmSpec(ApiModel):
 class StopSpec(ApiModel):
     """When the job is done: then phase Succeeded, pods freed, status kept."""
 
-    steps: int | None = Field(None, ge=1, description="Stop once every policy reached this trainer step.")
-    duration_seconds: int | None = Field(None, ge=1, description="Stop after this much running time.")
+    steps: int | None = Field(
+        None, ge=1, description="Stop once every policy reached this trainer step."
+    )
+    duration_seconds: int | None = Field(
+        None, ge=1, description="Stop after this much running time."
+    )
 
 
 class NatsSpec(ApiModel):
     """Which NATS carries the job's traffic."""
 
     url: str | None = Field(None, description="nats:// URL; default: the operator's.")
-    credentials_secret: str | None = Field(None, description="Secret with key `creds` (a NATS credentials file) or `token`; never copied into status or events.")
+    credentials_secret: str | None = Field(
+        None,
+        description="Secret with key `creds` (a NATS credentials file) or `token`; never copied into status or events.",
+    )
 
 
 class RLJobSpec(ApiModel):
-    image: str = Field(DEFAULT_IMAGE, min_length=1, description="Worker image for every pod unless a policy overrides it.")
-    policies: list[PolicySpec] = Field(min_length=1, max_length=16, description="The policies trained together; names are unique.", json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
-    workflow: WorkflowSpec = Field(default_factory=WorkflowSpec, description="Episodes: workflow, task, concurrency.")
-    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="RL algorithm settings.")
+    image: str = Field(
+        DEFAULT_IMAGE,
+        min_length=1,
+        description="Worker image for every pod unless a policy overrides it.",
+    )
+    policies: list[PolicySpec] = Field(
+        min_length=1,
+        max_length=16,
+        description="The policies trained together; names are unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    workflow: WorkflowSpec = Field(
+        default_factory=WorkflowSpec, description="Episodes: workflow, task, concurrency."
+    )
+    algorithm: AlgorithmSpec = Field(
+        default_factory=AlgorithmSpec, description="RL algorithm settings."
+    )
     stop: StopSpec = Field(default_factory=StopSpec, description="When the job ends.")
-    suspend: bool = Field(False, description="True frees every pod; false resumes from the last published weights.")
+    suspend: bool = Field(
+        False, description="True frees every pod; false resumes from the last published weights."
+    )
     nats: NatsSpec = Field(default_factory=NatsSpec, description="NATS connection.")
 
     @model_validator(mode="after")
@@ -200,18 +290,30 @@ class PolicyStatus(ApiModel):
     weight_version: int = Field(0, ge=0, description="Latest published weight version.")
     reward: float | None = Field(None, description="Recent mean reward.")
     ready_rollouts: int = Field(0, ge=0, description="Ready rollout pods over all PolicyGroups.")
-    desired_rollouts: int = Field(0, ge=0, description="Desired rollout pods over all PolicyGroups.")
+    desired_rollouts: int = Field(
+        0, ge=0, description="Desired rollout pods over all PolicyGroups."
+    )
     trainer_ready: bool = Field(False, description="Every trainer pod is running.")
 
 
 class RLJobStatus(ApiModel):
-    phase: Phase = Field(Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed.")
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, NatsReady, Stopped, ...", json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    phase: Phase = Field(
+        Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, NatsReady, Stopped, ...",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
     policies: list[PolicyStatus] = Field(default_factory=list, description="Per-policy progress.")
-    policies_ready: str = Field("0/0", description="Policies whose trainer and rollouts are ready, e.g. 2/2.")
+    policies_ready: str = Field(
+        "0/0", description="Policies whose trainer and rollouts are ready, e.g. 2/2."
+    )
     step: int = Field(0, ge=0, description="Smallest trainer step over the policies.")
-    weight_version: int = Field(0, ge=0, description="Smallest published weight version over the policies.")
+    weight_version: int = Field(
+        0, ge=0, description="Smallest published weight version over the policies."
+    )
     rollouts: str = Field("0/0", description="Ready/desired rollout pods over all policies.")
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job reached a terminal phase.")
@@ -219,24 +321,47 @@ class RLJobStatus(ApiModel):
 
 class PolicyGroupSpec(ApiModel):
     job_ref: Dns1035Name = Field(description="The RLJob (same namespace) this group serves.")
-    policy: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=40)] = Field(description="Which of the job's policies.")
-    trainer: TrainerSpec | None = Field(None, description="Present only in the group the RLJob created; a capacity-only group has none.")
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="This group's rollout pool; `kubectl scale` sets replicas.")
+    policy: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=40)] = Field(
+        description="Which of the job's policies."
+    )
+    trainer: TrainerSpec | None = Field(
+        None,
+        description="Present only in the group the RLJob created; a capacity-only group has none.",
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        description="This group's rollout pool; `kubectl scale` sets replicas.",
+    )
     image: str | None = Field(None, description="Worker image override.")
 
 
 class PolicyGroupStatus(ApiModel):
-    phase: Phase = Field(Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed.")
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, TrainerHealthy, RolloutsReady, ...", json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    phase: Phase = Field(
+        Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, TrainerHealthy, RolloutsReady, ...",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
-    replicas: int = Field(0, ge=0, description="Active rollout pods (the scale subresource's status).")
+    replicas: int = Field(
+        0, ge=0, description="Active rollout pods (the scale subresource's status)."
+    )
     ready_replicas: int = Field(0, ge=0, description="Ready rollout pods.")
-    selector: str = Field("", description="Label selector of the active rollout pods (for the scale subresource and HPAs).")
+    selector: str = Field(
+        "",
+        description="Label selector of the active rollout pods (for the scale subresource and HPAs).",
+    )
     trainer_pods: int = Field(0, ge=0, description="Running trainer pods.")
-    trainer_restarts: int = Field(0, ge=0, description="Times the trainer was restarted after a failure.")
+    trainer_restarts: int = Field(
+        0, ge=0, description="Times the trainer was restarted after a failure."
+    )
     weight_version: int = Field(0, ge=0, description="Weight version the rollouts serve (lowest).")
     step: int = Field(0, ge=0, description="Trainer step (groups with a trainer).")
-    rollout_failures: int = Field(0, ge=0, description="Consecutive rollout pod failures (drives backoff).")
+    rollout_failures: int = Field(
+        0, ge=0, description="Consecutive rollout pod failures (drives backoff)."
+    )
     last_failure_time: str | None = Field(None, description="When a pod of this group last failed.")
 
 
@@ -272,8 +397,10 @@ class RLJob(ApiModel):
 
 
 def _name_message(job: str, policy: str, longest: int) -> str:
-    return (f"job name {job!r} with policy {policy!r} makes generated names up to {longest} "
-            f"characters; the limit is {MAX_NAME}: shorten the job or policy name")
+    return (
+        f"job name {job!r} with policy {policy!r} makes generated names up to {longest} "
+        f"characters; the limit is {MAX_NAME}: shorten the job or policy name"
+    )
 
 
 class PolicyGroup(ApiModel):

@@ -15,10 +15,12 @@ GOOD: dict[str, Any] = {
     "apiVersion": "polyrl.dev/v1alpha1",
     "kind": "RLJob",
     "metadata": {"name": "valid"},
-    "spec": {"policies": [
-        {"name": "solver", "model": {"path": "tiny-llama://solver"}},
-        {"name": "verifier", "model": {"path": "tiny-llama://verifier"}},
-    ]},
+    "spec": {
+        "policies": [
+            {"name": "solver", "model": {"path": "tiny-llama://solver"}},
+            {"name": "verifier", "model": {"path": "tiny-llama://verifier"}},
+        ]
+    },
 }
 
 
@@ -35,14 +37,15 @@ def repo_root_module() -> Path:
 
 
 def apply(kubectl: Kubectl, namespace: str, doc: dict[str, Any], *extra: str) -> Any:
-    return kubectl("apply", "-n", namespace, "-f", "-", *extra, input=yaml.safe_dump(doc),
-                   check=False)
+    return kubectl(
+        "apply", "-n", namespace, "-f", "-", *extra, input=yaml.safe_dump(doc), check=False
+    )
 
 
 def job(**changes: Any) -> dict[str, Any]:
     doc = copy.deepcopy(GOOD)
     for path, value in changes.items():
-        node = doc
+        node: Any = doc
         keys = path.split("__")
         for key in keys[:-1]:
             node = node[int(key)] if key.isdigit() else node[key]
@@ -60,27 +63,41 @@ def test_a_valid_job_is_accepted_and_defaulted(
     assert solver["rollout"]["engine"] == "torch"
     assert solver["trainer"]["optimizer"]["lr"] == 1e-5
     assert stored["spec"]["algorithm"]["mode"] == "async"
-    assert "rljob.polyrl.dev/valid" in kubectl("get", "polyrl", "-n", namespace, "-o",
-                                               "name").stdout
+    assert (
+        "rljob.polyrl.dev/valid" in kubectl("get", "polyrl", "-n", namespace, "-o", "name").stdout
+    )
 
 
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        (job(spec__policies__0__rollout={"replicas": 5, "maxReplicas": 3}),
-         "minReplicas <= replicas <= maxReplicas"),
-        (job(spec__policies__0__rollout={"engine": "tensorrt"}), "Unsupported value: \"tensorrt\""),
+        (
+            job(spec__policies__0__rollout={"replicas": 5, "maxReplicas": 3}),
+            "minReplicas <= replicas <= maxReplicas",
+        ),
+        (job(spec__policies__0__rollout={"engine": "tensorrt"}), 'Unsupported value: "tensorrt"'),
         (job(spec__policies__1__name="solver"), "Duplicate value"),
-        (job(spec__policies__0__model={"dtype": "bfloat16"}), "spec.policies[0].model.path: Required value"),
+        (
+            job(spec__policies__0__model={"dtype": "bfloat16"}),
+            "spec.policies[0].model.path: Required value",
+        ),
         (job(spec__policies__0__trainer={"batchSize": 0}), "should be greater than or equal to 1"),
         (job(spec__algorithm={"maxStaleness": -1}), "spec.algorithm.maxStaleness"),
         (job(metadata={"name": "Bad_Name"}), "a lowercase RFC 1123"),
         (job(metadata={"name": "x" * 46}), "job and policy names are too long"),
         (job(spec__policies__0__name="9lives"), "spec.policies[0].name"),
     ],
-    ids=["replicas-outside-bounds", "engine-outside-enum", "duplicate-policy", "missing-model",
-         "zero-batch-size", "negative-staleness", "not-dns", "child-name-too-long",
-         "policy-not-dns-1035"],
+    ids=[
+        "replicas-outside-bounds",
+        "engine-outside-enum",
+        "duplicate-policy",
+        "missing-model",
+        "zero-batch-size",
+        "negative-staleness",
+        "not-dns",
+        "child-name-too-long",
+        "policy-not-dns-1035",
+    ],
 )
 def test_bad_manifests_are_rejected_with_a_readable_message(
     kubectl: Kubectl, crds_applied: None, namespace: str, doc: dict[str, Any], message: str
@@ -101,8 +118,9 @@ def test_a_job_name_that_is_dns_1123_but_not_dns_1035_is_rejected(
 def test_an_unknown_field_fails_strict_validation(
     kubectl: Kubectl, crds_applied: None, namespace: str
 ) -> None:
-    proc = apply(kubectl, namespace, job(spec__policies__0__rollot={"replicas": 2}),
-                 "--validate=strict")
+    proc = apply(
+        kubectl, namespace, job(spec__policies__0__rollot={"replicas": 2}), "--validate=strict"
+    )
     assert proc.returncode != 0
     assert 'unknown field "spec.policies[0].rollot"' in proc.stderr
 
@@ -110,9 +128,12 @@ def test_an_unknown_field_fails_strict_validation(
 def test_a_policygroup_name_too_long_for_its_pods_is_rejected(
     kubectl: Kubectl, crds_applied: None, namespace: str
 ) -> None:
-    doc = {"apiVersion": "polyrl.dev/v1alpha1", "kind": "PolicyGroup",
-           "metadata": {"name": "p" * 55},
-           "spec": {"jobRef": "valid", "policy": "solver"}}
+    doc = {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "PolicyGroup",
+        "metadata": {"name": "p" * 55},
+        "spec": {"jobRef": "valid", "policy": "solver"},
+    }
     proc = apply(kubectl, namespace, doc)
     assert proc.returncode != 0
     assert "metadata.name is too long" in proc.stderr

@@ -1,0 +1,83 @@
+"""`WorkerLaunch`: what runs, described once, rendered as a Pod or as a local process.
+
+A worker takes every input from its environment: `POLYRL_WORKER_CONFIG` holds one JSON
+document (`WorkerConfig`) with the job's spec, the worker's role, policy and replica, and
+the NATS URL; credentials come separately from a Secret (never inside the document). No
+fixed ports (0 means pick a free one) and no shared volumes: rollout workers fetch model,
+tokenizer and weights from the job's Object Store.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+
+from pydantic import Field
+
+from polyrl.api.base import ApiModel, Resources, Toleration
+from polyrl.api.resources import RLJobSpec
+
+CONFIG_ENV = "POLYRL_WORKER_CONFIG"
+POD_NAME_ENV = "POLYRL_POD_NAME"
+RDZV_PORT = 29400
+
+
+class Role(enum.StrEnum):
+    TRAINER = "trainer"
+    ROLLOUT = "rollout"
+    WORKFLOW = "workflow"
+
+
+class WorkerConfig(ApiModel):
+    """The single config document a worker reads (env POLYRL_WORKER_CONFIG)."""
+
+    namespace: str = Field(description="Namespace of the job (`local` under polyrl run).")
+    job: str = Field(description="RLJob name.")
+    role: Role = Field(description="trainer, rollout or workflow.")
+    policy: str | None = Field(
+        None, description="Policy trained or served (none for workflow runners)."
+    )
+    policy_group: str | None = Field(None, description="The PolicyGroup the worker belongs to.")
+    replica: int = Field(0, ge=0, description="Replica index within its role and group.")
+    nats_url: str = Field(description="NATS to connect to.")
+    spec: RLJobSpec = Field(
+        description="The whole job spec, so every worker sees the same settings."
+    )
+
+    def to_env(self) -> str:
+        return json.dumps(self.to_api(), separators=(",", ":"))
+
+
+class WorkerLaunch(ApiModel):
+    """One worker to run: a Pod under the operator, a process under `polyrl run`."""
+
+    name: str = Field(description="Pod or process name (deterministic).")
+    role: Role
+    policy: str | None = None
+    policy_group: str | None = None
+    replica: int = Field(0, ge=0)
+    image: str
+    command: list[str] = Field(description="argv; `$(VAR)` refers to env, as in a Pod.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Plain env, including the config document."
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    resources: Resources | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    config: WorkerConfig
+
+    def with_replica(self, replica: int, name: str) -> WorkerLaunch:
+        """The same launch for another replica index (rollout pools fill free indices)."""
+        config = self.config.model_copy(update={"replica": replica})
+        labels = {**self.labels, "polyrl.dev/replica": str(replica)}
+        env = {**self.env, CONFIG_ENV: config.to_env()}
+        return self.model_copy(
+            update={
+                "replica": replica,
+                "name": name,
+                "config": config,
+                "labels": labels,
+                "env": env,
+            }
+        )

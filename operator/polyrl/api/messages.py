@@ -1,0 +1,70 @@
+"""Control messages between the operator and the workers (heartbeats, drain), versioned.
+
+Every wire message carries `v`; a receiver refuses a version it does not know instead of
+guessing. Heartbeats live in the job's KV bucket (one key per worker, a TTL so dead workers
+vanish); drain is a request on the pod's drain subject, answered at once with an ack, and
+followed by a `Drained` message once the pod's in-flight requests are done.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final, Literal
+
+from pydantic import Field
+
+from polyrl.api.base import ApiModel
+
+WIRE_VERSION: Final = 1
+
+
+class WorkerState(enum.StrEnum):
+    STARTING = "starting"
+    SERVING = "serving"
+    TRAINING = "training"
+    DRAINING = "draining"
+    DRAINED = "drained"
+
+
+class Heartbeat(ApiModel):
+    """What a worker reports every few seconds (the operator derives status from it)."""
+
+    v: Literal[1] = WIRE_VERSION
+    pod: str = Field(description="Pod (or local process) name.")
+    role: str = Field(description="trainer, rollout or workflow.")
+    policy: str | None = Field(None, description="Policy served or trained.")
+    state: WorkerState = Field(WorkerState.STARTING, description="Lifecycle state.")
+    weight_version: int = Field(
+        0, ge=0, description="Weight version loaded (rollout) or published (trainer)."
+    )
+    step: int = Field(0, ge=0, description="Trainer step.")
+    requests_served: int = Field(0, ge=0, description="Generation requests answered so far.")
+    in_flight: int = Field(0, ge=0, description="Requests being generated now.")
+    tokens_per_second: float = Field(0.0, ge=0, description="Recent generation throughput.")
+    reward: float | None = Field(None, description="Recent mean reward (trainer).")
+    at: float = Field(description="Unix time the heartbeat was written.")
+
+
+class DrainRequest(ApiModel):
+    """Stop pulling work, finish what is in flight, then say Drained."""
+
+    v: Literal[1] = WIRE_VERSION
+    pod: str = Field(description="The pod asked to drain.")
+    timeout_seconds: float = Field(
+        ge=0, description="After this the operator deletes the pod anyway."
+    )
+
+
+class DrainAck(ApiModel):
+    v: Literal[1] = WIRE_VERSION
+    pod: str
+    in_flight: int = Field(ge=0)
+
+
+class Drained(ApiModel):
+    """Published once a draining pod has answered every request it had taken."""
+
+    v: Literal[1] = WIRE_VERSION
+    pod: str = Field(description="The drained pod.")
+    served: int = Field(ge=0, description="Requests it answered in its life.")
+    at: float = Field(description="Unix time.")

@@ -1,0 +1,115 @@
+"""Creating and removing a job's NATS streams and buckets: one function each, idempotent.
+
+The operator calls `ensure` when a job appears, `polyrl run` calls it at start, and workers
+call it before they use anything, so whoever comes first creates and the rest find. Limits
+are deliberate: requests are a work queue (a message lives until a rollout worker acks
+it); trajectories keep a de-duplication window so a retried publish never doubles a sample;
+weight announcements keep the last few per policy; heartbeats expire after a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from polyrl.api.naming import JobNames
+
+HEARTBEAT_TTL = 60.0
+DEDUPE_WINDOW = 600.0
+
+
+def streams(names: JobNames, policies: Sequence[str]) -> list[StreamConfig]:
+    configs = [
+        StreamConfig(
+            name=names.dead_letter_stream,
+            subjects=[names.dead_letter_subject],
+            max_age=7 * 86400.0,
+            max_msgs=100_000,
+            storage=StorageType.FILE,
+        )
+    ]
+    for p in policies:
+        configs += [
+            StreamConfig(
+                name=names.requests_stream(p),
+                subjects=[names.requests_subject(p)],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                duplicate_window=DEDUPE_WINDOW,
+            ),
+            StreamConfig(
+                name=names.trajectories_stream(p),
+                subjects=[names.trajectories_subject(p)],
+                duplicate_window=DEDUPE_WINDOW,
+                max_age=86400.0,
+                max_bytes=8 << 30,
+                discard=DiscardPolicy.OLD,
+                storage=StorageType.FILE,
+            ),
+            StreamConfig(
+                name=names.weights_stream(p),
+                subjects=[names.weights_subject(p)],
+                max_msgs_per_subject=64,
+                storage=StorageType.FILE,
+            ),
+        ]
+    return configs
+
+
+async def ensure(js: JetStreamContext, names: JobNames, policies: Sequence[str]) -> None:
+    """Create (or update in place) every stream and bucket of the job."""
+    for config in streams(names, policies):
+        try:
+            await js.stream_info(config.name or "")
+            await js.update_stream(config)
+        except NotFoundError:
+            await js.add_stream(config)
+    await js.create_key_value(
+        KeyValueConfig(bucket=names.heartbeats_bucket, ttl=HEARTBEAT_TTL, history=1)
+    )
+    for p in policies:
+        # nats-py overwrites config.bucket with the positional name: pass both.
+        bucket = names.weights_bucket(p)
+        await js.create_object_store(
+            bucket, config=ObjectStoreConfig(bucket=bucket, storage=StorageType.FILE)
+        )
+
+
+async def remove(js: JetStreamContext, names: JobNames, policies: Sequence[str]) -> list[str]:
+    """Delete every stream and bucket of the job; returns what existed and was removed."""
+    removed = []
+    for config in streams(names, policies):
+        try:
+            await js.delete_stream(config.name or "")
+            removed.append(config.name or "")
+        except NotFoundError:
+            pass
+    buckets = [names.heartbeats_bucket, *(names.weights_bucket(p) for p in policies)]
+    for bucket in buckets:
+        for delete in (js.delete_key_value, js.delete_object_store):
+            try:
+                if await delete(bucket):
+                    removed.append(bucket)
+                    break
+            except (BucketNotFoundError, NotFoundError):
+                continue
+    return removed
+
+
+async def exists(js: JetStreamContext, names: JobNames, policy: str) -> bool:
+    try:
+        await asyncio.wait_for(js.stream_info(names.requests_stream(policy)), timeout=5)
+    except NotFoundError:
+        return False
+    return True

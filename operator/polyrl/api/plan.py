@@ -1,0 +1,263 @@
+"""`plan(job) -> Plan(policy_groups, launches)`: the one place that decides what runs.
+
+Pure: the same job (and groups) always give the same plan, with no clock, randomness or
+I/O, so it is unit-tested without a cluster and shared by the operator (which renders
+launches as Pods) and `polyrl run` (which renders them as processes).
+
+PolicyGroups come from the job's policies; launches come from the groups, because a group
+may have been scaled (`kubectl scale`) or applied by a user since. A group's trainer runs
+only in the group the job owns. A suspended or finished job plans no launches at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from polyrl.api import naming
+from polyrl.api.launch import CONFIG_ENV, POD_NAME_ENV, RDZV_PORT, Role, WorkerConfig, WorkerLaunch
+from polyrl.api.resources import (
+    Metadata,
+    Phase,
+    PolicyGroup,
+    PolicyGroupSpec,
+    PolicySpec,
+    RLJob,
+    TrainerSpec,
+)
+
+WORKER_COMMAND = ("polyrl", "worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    policy_groups: list[PolicyGroup] = field(default_factory=list)
+    launches: list[WorkerLaunch] = field(default_factory=list)
+
+    def for_group(self, group: str) -> list[WorkerLaunch]:
+        return [launch for launch in self.launches if launch.policy_group == group]
+
+    def workflow(self) -> list[WorkerLaunch]:
+        return [launch for launch in self.launches if launch.role == Role.WORKFLOW]
+
+
+def base_labels(job: str) -> dict[str, str]:
+    return {
+        naming.L_JOB: job,
+        naming.L_MANAGED_BY: naming.MANAGED_BY,
+        "app.kubernetes.io/part-of": "polyrl",
+    }
+
+
+def policy_groups(job: RLJob) -> list[PolicyGroup]:
+    """The PolicyGroup the job owns for each of its policies (seeded from the job)."""
+    return [
+        PolicyGroup(
+            metadata=Metadata(
+                name=naming.policy_group(job.metadata.name, p.name),
+                namespace=job.metadata.namespace,
+                labels={**base_labels(job.metadata.name), naming.L_POLICY: p.name},
+            ),
+            spec=PolicyGroupSpec(
+                job_ref=job.metadata.name,
+                policy=p.name,
+                trainer=p.trainer,
+                rollout=p.rollout,
+                image=p.image,
+            ),
+        )
+        for p in job.spec.policies
+    ]
+
+
+def plan(
+    job: RLJob,
+    *,
+    nats_url: str,
+    groups: Sequence[PolicyGroup] | None = None,
+    worker_command: Sequence[str] = WORKER_COMMAND,
+) -> Plan:
+    owned = policy_groups(job)
+    if job.spec.suspend or Phase(job.status.phase).is_terminal():
+        return Plan(policy_groups=owned)
+    launches: list[WorkerLaunch] = []
+    for group in groups if groups is not None else owned:
+        policy = job.spec.policy(group.spec.policy)
+        if policy is None:
+            continue
+        launches += group_launches(
+            job, group, policy, nats_url=nats_url, worker_command=worker_command
+        )
+    launches += [
+        _workflow(job, i, nats_url, worker_command) for i in range(job.spec.workflow.replicas)
+    ]
+    return Plan(policy_groups=owned, launches=launches)
+
+
+def group_launches(
+    job: RLJob,
+    group: PolicyGroup,
+    policy: PolicySpec,
+    *,
+    nats_url: str,
+    worker_command: Sequence[str] = WORKER_COMMAND,
+) -> list[WorkerLaunch]:
+    """A group's trainer launches (if it has a trainer) and its rollout launches."""
+    launches = []
+    trainer = group.spec.trainer
+    if trainer is not None:
+        launches += [
+            _trainer(job, group, policy, trainer, i, nats_url) for i in range(trainer.replicas)
+        ]
+    template = rollout_template(
+        job, group, policy, nats_url=nats_url, worker_command=worker_command
+    )
+    launches += [
+        template.with_replica(i, naming.rollout_pod(group.metadata.name, i))
+        for i in range(group.spec.rollout.replicas)
+    ]
+    return launches
+
+
+def _config(
+    job: RLJob,
+    role: Role,
+    nats_url: str,
+    *,
+    policy: str | None = None,
+    group: str | None = None,
+    replica: int = 0,
+) -> WorkerConfig:
+    return WorkerConfig(
+        namespace=job.metadata.namespace,
+        job=job.metadata.name,
+        role=role,
+        policy=policy,
+        policy_group=group,
+        replica=replica,
+        nats_url=nats_url,
+        spec=job.spec,
+    )
+
+
+def _labels(
+    job: RLJob, role: Role, replica: int, group: PolicyGroup | None = None
+) -> dict[str, str]:
+    labels = {
+        **base_labels(job.metadata.name),
+        naming.L_ROLE: role.value,
+        naming.L_REPLICA: str(replica),
+    }
+    if group is not None:
+        labels |= {naming.L_POLICY: group.spec.policy, naming.L_GROUP: group.metadata.name}
+    return labels
+
+
+def rollout_template(
+    job: RLJob,
+    group: PolicyGroup,
+    policy: PolicySpec,
+    *,
+    nats_url: str,
+    worker_command: Sequence[str] = WORKER_COMMAND,
+) -> WorkerLaunch:
+    """Replica 0 of a group's rollout pool; `with_replica` gives the others."""
+    name = group.metadata.name
+    config = _config(job, Role.ROLLOUT, nats_url, policy=policy.name, group=name)
+    rollout = group.spec.rollout
+    return WorkerLaunch(
+        name=naming.rollout_pod(name, 0),
+        role=Role.ROLLOUT,
+        policy=policy.name,
+        policy_group=name,
+        replica=0,
+        image=group.spec.image or policy.image or job.spec.image,
+        command=[*worker_command, Role.ROLLOUT.value],
+        env={CONFIG_ENV: config.to_env()},
+        labels=_labels(job, Role.ROLLOUT, 0, group),
+        resources=rollout.resources,
+        node_selector=rollout.node_selector,
+        tolerations=rollout.tolerations,
+        config=config,
+    )
+
+
+def trainer_command(group: str, trainer: TrainerSpec) -> list[str]:
+    """torchrun: standalone for one node; c10d rendezvous on the headless Service otherwise.
+
+    `$(POLYRL_RDZV_ENDPOINT)` and `$(POLYRL_NODE_RANK)` are filled by whoever renders the
+    launch (the operator points them at pod 0 behind `<group>-trainer`).
+    """
+    base = ["torchrun", f"--nproc-per-node={trainer.nproc_per_node}"]
+    if trainer.replicas == 1:
+        return [*base, "--standalone", "--nnodes=1", "-m", "polyrl.workers.trainer"]
+    return [
+        *base,
+        f"--nnodes={trainer.replicas}",
+        "--node-rank=$(POLYRL_NODE_RANK)",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=$(POLYRL_RDZV_ENDPOINT)",
+        f"--rdzv-id={group}",
+        "-m",
+        "polyrl.workers.trainer",
+    ]
+
+
+def _trainer(
+    job: RLJob,
+    group: PolicyGroup,
+    policy: PolicySpec,
+    trainer: TrainerSpec,
+    replica: int,
+    nats_url: str,
+) -> WorkerLaunch:
+    name = group.metadata.name
+    config = _config(job, Role.TRAINER, nats_url, policy=policy.name, group=name, replica=replica)
+    env = {
+        CONFIG_ENV: config.to_env(),
+        "POLYRL_NODE_RANK": str(replica),
+        "POLYRL_RDZV_ENDPOINT": f"{naming.trainer_pod(name, 0)}."
+        f"{naming.trainer_service(name)}:{RDZV_PORT}",
+    }
+    return WorkerLaunch(
+        name=naming.trainer_pod(name, replica),
+        role=Role.TRAINER,
+        policy=policy.name,
+        policy_group=name,
+        replica=replica,
+        image=group.spec.image or policy.image or job.spec.image,
+        command=trainer_command(name, trainer),
+        env=env,
+        labels=_labels(job, Role.TRAINER, replica, group),
+        resources=trainer.resources,
+        node_selector=trainer.node_selector,
+        tolerations=trainer.tolerations,
+        config=config,
+    )
+
+
+def _workflow(
+    job: RLJob, replica: int, nats_url: str, worker_command: Sequence[str]
+) -> WorkerLaunch:
+    config = _config(job, Role.WORKFLOW, nats_url, replica=replica)
+    return WorkerLaunch(
+        name=naming.workflow_pod(job.metadata.name, replica),
+        role=Role.WORKFLOW,
+        replica=replica,
+        image=job.spec.image,
+        command=[*worker_command, Role.WORKFLOW.value],
+        env={CONFIG_ENV: config.to_env()},
+        labels=_labels(job, Role.WORKFLOW, replica),
+        config=config,
+    )
+
+
+__all__ = [
+    "POD_NAME_ENV",
+    "Plan",
+    "group_launches",
+    "plan",
+    "policy_groups",
+    "rollout_template",
+    "trainer_command",
+]

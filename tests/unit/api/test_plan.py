@@ -1,0 +1,147 @@
+"""plan() decides what runs; it is pure, deterministic and respects scaled groups."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from polyrl.api import naming, plan
+from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig
+from polyrl.api.resources import PolicyGroup, RLJob
+
+URL = "nats://nats:4222"
+
+
+def job(**spec: Any) -> RLJob:
+    doc: dict[str, Any] = {
+        "metadata": {"name": "math", "namespace": "team"},
+        "spec": {
+            "policies": [
+                {
+                    "name": "solver",
+                    "model": {"path": "tiny-llama://s"},
+                    "rollout": {"replicas": 2},
+                    "trainer": {"replicas": 2, "nprocPerNode": 4},
+                },
+                {"name": "verifier", "model": {"path": "tiny-llama://v"}, "image": "custom:1"},
+            ],
+            **spec,
+        },
+    }
+    return RLJob.model_validate(doc)
+
+
+def test_each_policy_gets_a_policy_group_named_after_job_and_policy() -> None:
+    groups = plan.plan(job(), nats_url=URL).policy_groups
+    assert [g.metadata.name for g in groups] == ["math-solver", "math-verifier"]
+    assert groups[0].spec.job_ref == "math"
+    assert groups[0].spec.trainer is not None
+    assert groups[0].spec.rollout.replicas == 2
+
+
+def test_launches_cover_trainers_rollouts_and_workflow_runners_with_stable_names() -> None:
+    launches = plan.plan(job(), nats_url=URL).launches
+    assert [launch.name for launch in launches] == [
+        "math-solver-trainer-0",
+        "math-solver-trainer-1",
+        "math-solver-rollout-0",
+        "math-solver-rollout-1",
+        "math-verifier-trainer-0",
+        "math-verifier-rollout-0",
+        "math-workflow-0",
+    ]
+
+
+def test_the_plan_is_deterministic() -> None:
+    a = plan.plan(job(), nats_url=URL)
+    b = plan.plan(job(), nats_url=URL)
+    assert [x.to_api() for x in a.launches] == [x.to_api() for x in b.launches]
+
+
+def test_multi_node_trainers_rendezvous_over_the_headless_service() -> None:
+    trainer = plan.plan(job(), nats_url=URL).for_group("math-solver")[1]
+    assert trainer.command[:2] == ["torchrun", "--nproc-per-node=4"]
+    assert "--rdzv-endpoint=$(POLYRL_RDZV_ENDPOINT)" in trainer.command
+    assert trainer.env["POLYRL_RDZV_ENDPOINT"] == "math-solver-trainer-0.math-solver-trainer:29400"
+    assert trainer.env["POLYRL_NODE_RANK"] == "1"
+    single = plan.plan(job(), nats_url=URL).for_group("math-verifier")[0]
+    assert "--standalone" in single.command
+
+
+def test_the_worker_config_document_carries_role_replica_and_the_whole_spec() -> None:
+    rollout = plan.plan(job(), nats_url=URL).for_group("math-solver")[3]
+    config = WorkerConfig.model_validate(json.loads(rollout.env[CONFIG_ENV]))
+    assert (config.role, config.policy, config.replica) == (Role.ROLLOUT, "solver", 1)
+    assert config.nats_url == URL
+    assert config.spec.policies[1].image == "custom:1"
+    assert rollout.labels[naming.L_REPLICA] == "1"
+
+
+def test_images_fall_back_from_group_to_policy_to_job() -> None:
+    launches = plan.plan(job(image="job:2"), nats_url=URL).launches
+    images = {launch.name: launch.image for launch in launches}
+    assert images["math-solver-rollout-0"] == "job:2"
+    assert images["math-verifier-rollout-0"] == "custom:1"
+
+
+def test_launches_follow_scaled_and_user_applied_groups() -> None:
+    j = job()
+    owned = plan.policy_groups(j)
+    scaled = owned[0].model_copy(deep=True)
+    scaled.spec.rollout.replicas = 5
+    extra = PolicyGroup.model_validate(
+        {
+            "metadata": {"name": "eu-solver", "namespace": "team"},
+            "spec": {
+                "jobRef": "math",
+                "policy": "solver",
+                "rollout": {"replicas": 3},
+                "image": "eu:1",
+            },
+        }
+    )
+    result = plan.plan(j, nats_url=URL, groups=[scaled, extra])
+    assert len([x for x in result.for_group("math-solver") if x.role == Role.ROLLOUT]) == 5
+    eu = result.for_group("eu-solver")
+    assert [x.role for x in eu] == [Role.ROLLOUT] * 3  # no trainer in a capacity group
+    assert eu[0].image == "eu:1"
+
+
+def test_a_suspended_job_plans_groups_but_no_pods() -> None:
+    result = plan.plan(job(suspend=True), nats_url=URL)
+    assert len(result.policy_groups) == 2
+    assert result.launches == []
+
+
+def test_names_that_would_overflow_63_characters_are_refused() -> None:
+    with pytest.raises(ValidationError, match="limit is 63"):
+        RLJob.model_validate(
+            {
+                "metadata": {"name": "j" * 45},
+                "spec": {"policies": [{"name": "verifier", "model": {"path": "m"}}]},
+            }
+        )
+
+
+def test_rollout_bounds_and_duplicate_policies_are_refused_by_the_models_too() -> None:
+    with pytest.raises(ValidationError, match="minReplicas <= replicas <= maxReplicas"):
+        job(
+            policies=[
+                {"name": "a", "model": {"path": "m"}, "rollout": {"replicas": 9, "maxReplicas": 3}}
+            ]
+        )
+    with pytest.raises(ValidationError, match="duplicate policy names: a"):
+        job(policies=[{"name": "a", "model": {"path": "m"}}, {"name": "a", "model": {"path": "m"}}])
+
+
+def test_nats_names_are_namespaced_by_job_and_policy() -> None:
+    names = naming.JobNames(namespace="team", job="math")
+    assert names.requests_subject("solver") == "af.team.math.solver.requests"
+    assert names.requests_stream("solver") == "af-team-math-solver-requests"
+    assert names.drain_subject("solver", "p-1") == "af.team.math.solver.control.drain.p-1"
+    assert naming.active_rollout_selector("g") == (
+        "polyrl.dev/policy-group=g,polyrl.dev/role=rollout,!polyrl.dev/draining"
+    )
