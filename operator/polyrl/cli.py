@@ -81,9 +81,26 @@ def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_crds)
 
 
+def _add_operator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (what the Helm chart's Deployment runs)",
+        add_help=False,
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args: argparse.Namespace) -> int:
+        from polyrl.operator import run as operator_run
+
+        return operator_run.main(args.rest)
+
+    p.set_defaults(func=run)
+
+
 _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_run,
     _add_crds,
+    _add_operator,
 ]
 
 
@@ -101,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["operator"]:  # the operator parses its own flags (and --help)
+        from polyrl.operator import run as operator_run
+
+        return operator_run.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:

@@ -145,7 +145,7 @@ def _labels(
 ) -> dict[str, str]:
     labels = {
         **base_labels(job.metadata.name),
-        naming.L_ROLE: role.value,
+        naming.L_ROLE: str(role),
         naming.L_REPLICA: str(replica),
     }
     if group is not None:

@@ -1,0 +1,48 @@
+"""What every reconcile needs, bundled: API access, NATS, settings and the wake-up registry.
+
+Reconciling is level-based and runs in one loop per object (a kopf daemon). The loop
+sleeps until the status interval passes or something relevant changes: a watch event on
+the object, one of its pods, its job or group, or a Drained message. `wake` is how those
+events reach the loops without any API call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from polyrl.operator.kube import Kube
+from polyrl.operator.natshub import NatsHub
+from polyrl.operator.settings import OperatorSettings
+
+
+@dataclass
+class Wakers:
+    events: dict[tuple[str, str, str], asyncio.Event] = field(
+        default_factory=lambda: defaultdict(asyncio.Event)
+    )
+
+    def event(self, kind: str, namespace: str, name: str) -> asyncio.Event:
+        return self.events[(kind, namespace, name)]
+
+    def wake(self, kind: str, namespace: str, name: str) -> None:
+        if name == "*":
+            for (k, ns, _), ev in list(self.events.items()):
+                if k == kind and ns == namespace:
+                    ev.set()
+            return
+        if (kind, namespace, name) in self.events:
+            self.events[(kind, namespace, name)].set()
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        self.events.pop((kind, namespace, name), None)
+
+
+@dataclass
+class Context:
+    kube: Kube
+    hub: NatsHub
+    settings: OperatorSettings
+    wakers: Wakers
+    drain_requested: set[tuple[str, str]] = field(default_factory=set)

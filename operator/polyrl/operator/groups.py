@@ -1,0 +1,491 @@
+"""Reconciling one PolicyGroup: its trainer (if any), its rollout pool, its status.
+
+One pass compares what should run (from `plan.group_launches`) with the pods in the index
+and acts: creates missing pods, replaces failed ones with backoff, restarts a failed
+trainer as a gang up to `restartLimit`, rolls out spec changes, and scales the rollout pool
+down drain-first (see `scaling.victims`). Problems the schema cannot catch (no such job or
+policy, a second trainer) become `Ready=False` conditions with a reason, and no pods.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyrl.api import naming, plan
+from polyrl.api._version import DEFAULT_IMAGE
+from polyrl.api.base import ConditionStatus, find_condition, set_condition
+from polyrl.api.launch import Role, WorkerLaunch
+from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
+from polyrl.operator import metrics, render, scaling
+from polyrl.operator.context import Context
+from polyrl.operator.podinfo import PodInfo
+
+log = logging.getLogger("polyrl.operator.groups")
+
+
+@dataclass
+class Pass:
+    """The state of one reconcile pass over a group."""
+
+    ctx: Context
+    body: Mapping[str, Any]
+    group: PolicyGroup
+    pods: list[PodInfo]
+    status: PolicyGroupStatus
+    job: RLJob | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    leaving: set[str] = field(default_factory=set)  # pods drained or deleted this pass
+    created: int = 0
+    blocked: bool = False  # this pass found the group unable to run (reason in Ready)
+
+    @property
+    def name(self) -> str:
+        return self.group.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.group.metadata.namespace
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def condition(
+        self, type_: str, ok: bool | ConditionStatus, reason: str, message: str = ""
+    ) -> None:
+        set_condition(
+            self.status.conditions,
+            type=type_,
+            status=ok,
+            reason=reason,
+            message=message,
+            generation=self.group.metadata.generation,
+        )
+
+
+def load(body: Mapping[str, Any]) -> PolicyGroup:
+    return PolicyGroup.model_validate(
+        {
+            "metadata": dict(body["metadata"]),
+            "spec": dict(body["spec"]),
+            "status": dict(body.get("status") or {}),
+        }
+    )
+
+
+async def reconcile(
+    ctx: Context,
+    body: Mapping[str, Any],
+    pods: Sequence[PodInfo],
+    job_body: Mapping[str, Any] | None,
+) -> None:
+    started = time.monotonic()
+    group = load(body)
+    p = Pass(
+        ctx=ctx, body=body, group=group, pods=list(pods), status=group.status.model_copy(deep=True)
+    )
+    await _run(p, job_body)
+    await _finish(p)
+    metrics.RECONCILE_SECONDS.labels(kind="policygroup").observe(time.monotonic() - started)
+    metrics.RECONCILES.labels(kind="policygroup").inc()
+
+
+async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
+    p.job = RLJob.model_validate(_job_doc(job_body)) if job_body else None
+    policy = p.job.spec.policy(p.group.spec.policy) if p.job else None
+    if p.job is None or policy is None:
+        reason = "JobNotFound" if p.job is None else "PolicyNotFound"
+        what = (
+            f"RLJob {p.group.spec.job_ref!r}"
+            if p.job is None
+            else f"policy {p.group.spec.policy!r} in RLJob {p.group.spec.job_ref!r}"
+        )
+        p.condition("Ready", False, reason, f"{what} does not exist; no pods are started")
+        p.status.phase, p.blocked = Phase.PENDING, True
+        p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
+        p.status.selector = naming.active_rollout_selector(p.name)
+        await _delete_all(p, p.pods)
+        return
+    job_phase = Phase(p.job.status.phase)
+    if p.job.spec.suspend or job_phase.is_terminal():
+        await _delete_all(p, p.pods)
+        p.blocked = True
+        p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
+        p.status.phase = Phase.SUSPENDED if p.job.spec.suspend else job_phase
+        p.condition(
+            "Ready",
+            False,
+            "Suspended" if p.job.spec.suspend else job_phase.value,
+            "the job is suspended" if p.job.spec.suspend else "the job has ended",
+        )
+        return
+    launches = plan.group_launches(
+        p.job,
+        p.group,
+        policy,
+        nats_url=p.ctx.hub.url_of(p.job),
+        worker_command=p.ctx.settings.worker_command,
+    )
+    await _trainer(p, policy, [x for x in launches if x.role == Role.TRAINER])
+    await _rollouts(p, [x for x in launches if x.role == Role.ROLLOUT])
+
+
+def _job_doc(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": dict(body["metadata"]),
+        "spec": dict(body["spec"]),
+        "status": dict(body.get("status") or {}),
+    }
+
+
+def _owner(p: Pass) -> dict[str, Any]:
+    return render.owner_ref("PolicyGroup", p.name, p.group.metadata.uid or "")
+
+
+def _grace(p: Pass) -> int:
+    return p.group.spec.rollout.drain_timeout_seconds + 10
+
+
+def _render(p: Pass, launch: WorkerLaunch) -> dict[str, Any]:
+    assert p.job is not None
+    secret = p.job.spec.nats.credentials_secret or p.ctx.settings.nats_credentials_secret
+    if p.ctx.settings.default_image and launch.image == DEFAULT_IMAGE:
+        launch = launch.model_copy(update={"image": p.ctx.settings.default_image})
+    return render.pod(
+        launch, namespace=p.namespace, owner=_owner(p), nats_secret=secret, grace_seconds=_grace(p)
+    )
+
+
+async def _delete_all(p: Pass, pods: Sequence[PodInfo]) -> None:
+    for pod in pods:
+        if not pod.deleting:
+            await p.ctx.kube.delete_pod(p.namespace, pod.name, pod.uid)
+            p.leaving.add(pod.name)
+
+
+# --- trainer -------------------------------------------------------------------------------
+
+
+def _trainer_allowed(p: Pass) -> bool:
+    """Only the group the job owns trains; a trainer declared elsewhere is refused."""
+    assert p.job is not None
+    owned = any(
+        ref.get("uid") == p.job.metadata.uid
+        for ref in p.body["metadata"].get("ownerReferences") or []
+    )
+    if p.group.spec.trainer is not None and not owned:
+        p.blocked = True
+        p.condition(
+            "Ready",
+            False,
+            "DuplicateTrainer",
+            f"policy {p.group.spec.policy!r} already has its trainer in "
+            f"{naming.policy_group(p.job.metadata.name, p.group.spec.policy)}; this "
+            "group runs rollouts only (remove spec.trainer)",
+        )
+        return False
+    return p.group.spec.trainer is not None
+
+
+async def _trainer(p: Pass, policy: PolicySpec, launches: list[WorkerLaunch]) -> None:
+    pods = [x for x in p.pods if x.role == Role.TRAINER.value]
+    if not _trainer_allowed(p):
+        await _delete_all(p, pods)
+        p.status.trainer_pods = 0
+        return
+    trainer = p.group.spec.trainer
+    assert trainer is not None
+    await p.ctx.kube.ensure_service(render.trainer_service(p.group, owner=_owner(p)))
+    rendered = {x.name: _render(p, x) for x in launches}
+    failed = [x for x in pods if x.phase == "Failed"]
+    if failed:
+        await _restart_trainer(p, pods, failed, trainer.restart_limit)
+    elif pods and all(x.phase == "Succeeded" for x in pods):
+        p.condition("TrainerHealthy", True, "Completed", "the trainer finished")
+    elif any(x.spec_hash != _hash(rendered.get(x.name)) for x in pods if not x.deleting):
+        await _delete_all(p, pods)
+        p.event("Normal", "TrainerUpdated", "trainer spec changed; restarting the trainer pods")
+    elif _backoff_over(p.status.last_failure_time, p.status.trainer_restarts):
+        await _create_missing(p, rendered, {x.name for x in pods})
+    running = [x for x in pods if x.phase == "Running" and not x.deleting]
+    p.status.trainer_pods = len(running)
+    if p.status.phase != Phase.FAILED and not failed:
+        healthy = len(running) == len(launches)
+        p.condition(
+            "TrainerHealthy",
+            healthy,
+            "Running" if healthy else "Starting",
+            f"{len(running)}/{len(launches)} trainer pods running",
+        )
+
+
+def _hash(body: Mapping[str, Any] | None) -> str:
+    return render.spec_hash(body["spec"]) if body else ""
+
+
+async def _restart_trainer(p: Pass, pods: list[PodInfo], failed: list[PodInfo], limit: int) -> None:
+    names = ", ".join(x.name for x in failed)
+    await _delete_all(p, pods)
+    p.status.last_failure_time = _stamp()
+    if p.status.trainer_restarts >= limit:
+        p.status.phase = Phase.FAILED
+        p.condition(
+            "TrainerHealthy",
+            False,
+            "RestartLimitExceeded",
+            f"trainer pod(s) {names} failed after {limit} restarts",
+        )
+        p.event("Warning", "TrainerFailed", f"restart limit {limit} reached; policy failed")
+        return
+    p.status.trainer_restarts += 1
+    p.condition(
+        "TrainerHealthy",
+        False,
+        "Restarting",
+        f"trainer pod(s) {names} failed; restart {p.status.trainer_restarts}/{limit}",
+    )
+    p.event(
+        "Warning",
+        "TrainerRestarted",
+        f"trainer pod(s) {names} failed; restarting ({p.status.trainer_restarts}/{limit})",
+    )
+
+
+async def _create_missing(
+    p: Pass, rendered: Mapping[str, dict[str, Any]], existing: set[str]
+) -> int:
+    made = 0
+    for name, body in rendered.items():
+        if name not in existing and await p.ctx.kube.create_pod(body):
+            made += 1
+    return made
+
+
+def _backoff_over(last_failure: str | None, failures: int) -> bool:
+    if not last_failure or failures <= 0:
+        return True
+    return time.time() - _parse(last_failure) >= scaling.backoff_delay(failures)
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _parse(stamp: str) -> float:
+    import calendar
+
+    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+# --- rollouts ------------------------------------------------------------------------------
+
+
+async def _rollouts(p: Pass, launches: list[WorkerLaunch]) -> None:
+    pods = [x for x in p.pods if x.role == Role.ROLLOUT.value]
+    template = launches[0] if launches else _template(p)
+    await _replace_terminal(p, [x for x in pods if x.terminal and not x.deleting])
+    await _finish_drains(p, [x for x in pods if x.draining and not x.deleting and not x.terminal])
+    active = [x for x in pods if x.active]
+    desired = p.group.spec.rollout.replicas
+    if len(active) > desired:
+        for victim in scaling.victims(active, len(active) - desired):
+            await _start_drain(p, victim, "ScaledDown")
+    elif len(active) < desired:
+        if _backoff_over(p.status.last_failure_time, p.status.rollout_failures):
+            await _scale_up(p, template, pods, desired - len(active))
+    else:
+        await _roll_one(p, template, active, pods)
+    _rollout_status(p, [x for x in active if x.name not in p.leaving])
+
+
+def _template(p: Pass) -> WorkerLaunch:
+    assert p.job is not None
+    policy = p.job.spec.policy(p.group.spec.policy)
+    assert policy is not None
+    return plan.rollout_template(
+        p.job,
+        p.group,
+        policy,
+        nats_url=p.ctx.hub.url_of(p.job),
+        worker_command=p.ctx.settings.worker_command,
+    )
+
+
+def _rollout_body(p: Pass, template: WorkerLaunch, replica: int) -> dict[str, Any]:
+    return _render(p, template.with_replica(replica, naming.rollout_pod(p.name, replica)))
+
+
+async def _replace_terminal(p: Pass, pods: list[PodInfo]) -> None:
+    for pod in pods:
+        await p.ctx.kube.delete_pod(p.namespace, pod.name, pod.uid)
+        p.leaving.add(pod.name)
+        if pod.phase == "Failed" and not pod.draining:
+            p.status.rollout_failures += 1
+            p.status.last_failure_time = _stamp()
+            p.event(
+                "Warning",
+                "RolloutPodFailed",
+                f"rollout pod {pod.name} failed; replacing it after "
+                f"{scaling.backoff_delay(p.status.rollout_failures):.0f}s backoff",
+            )
+
+
+async def _scale_up(p: Pass, template: WorkerLaunch, pods: list[PodInfo], count: int) -> None:
+    used = [x.replica for x in pods if x.name not in p.leaving or not x.terminal]
+    made = 0
+    for replica in scaling.free_indices(used, count):
+        if await p.ctx.kube.create_pod(_rollout_body(p, template, replica)):
+            made += 1
+    p.created += count
+    if made:
+        p.event("Normal", "ScaledUp", f"created {made} rollout pod(s)")
+
+
+async def _roll_one(
+    p: Pass, template: WorkerLaunch, active: list[PodInfo], pods: list[PodInfo]
+) -> None:
+    """Replace outdated pods one at a time, drain-first (the replacement starts at once)."""
+    if any(x.draining for x in pods):
+        return
+    for pod in sorted(active, key=lambda x: x.replica):
+        if pod.spec_hash != _hash(_rollout_body(p, template, pod.replica)):
+            await _start_drain(p, pod, "SpecChanged")
+            return
+
+
+async def _start_drain(p: Pass, pod: PodInfo, why: str) -> None:
+    patch = {
+        "metadata": {
+            "labels": {naming.L_DRAINING: "true"},
+            "annotations": {naming.A_DRAIN_STARTED: f"{time.time():.3f}"},
+        }
+    }
+    await p.ctx.kube.patch_pod(p.namespace, pod.name, patch)
+    p.leaving.add(pod.name)
+    p.event("Normal", "Draining", f"draining rollout pod {pod.name} ({why})")
+    await _request_drain(p, pod)
+
+
+async def _request_drain(p: Pass, pod: PodInfo) -> None:
+    assert p.job is not None
+    p.ctx.drain_requested.add((p.namespace, pod.name))
+    await p.ctx.hub.request_drain(
+        p.job, p.group.spec.policy, pod.name, float(p.group.spec.rollout.drain_timeout_seconds)
+    )
+
+
+async def _finish_drains(p: Pass, pods: list[PodInfo]) -> None:
+    assert p.job is not None
+    channel = p.ctx.hub.channel(p.namespace, p.job.metadata.name)
+    timeout = p.group.spec.rollout.drain_timeout_seconds
+    for pod in pods:
+        drained = channel is not None and pod.name in channel.drained
+        overdue = time.time() - (pod.drain_started or 0.0) >= timeout
+        if drained or overdue:
+            await p.ctx.kube.delete_pod(p.namespace, pod.name, pod.uid)
+            p.leaving.add(pod.name)
+            metrics.DRAINS.labels(outcome="drained" if drained else "timeout").inc()
+            p.event(
+                "Normal" if drained else "Warning",
+                "Drained" if drained else "DrainTimeout",
+                f"rollout pod {pod.name} "
+                + ("drained; deleted" if drained else f"did not drain within {timeout}s; deleted"),
+            )
+            if channel is not None:
+                channel.drained.pop(pod.name, None)
+        elif (p.namespace, pod.name) not in p.ctx.drain_requested:
+            await _request_drain(p, pod)  # the operator restarted mid-drain: ask again
+
+
+def _rollout_status(p: Pass, active: list[PodInfo]) -> None:
+    desired = p.group.spec.rollout.replicas
+    p.status.replicas = len(active) + p.created
+    p.status.ready_replicas = sum(1 for x in active if x.ready)
+    p.status.selector = naming.active_rollout_selector(p.name)
+    problem = next((x.problem for x in active if x.problem), None)
+    if problem is not None:
+        p.condition("RolloutsReady", False, problem[0], problem[1] or "a rollout pod cannot run")
+    else:
+        ok = p.status.ready_replicas >= desired
+        p.condition(
+            "RolloutsReady",
+            ok,
+            "Ready" if ok else "Waiting",
+            f"{p.status.ready_replicas}/{desired} rollout pods ready",
+        )
+    if ok_to_reset(p):
+        p.status.rollout_failures = 0
+
+
+def ok_to_reset(p: Pass) -> bool:
+    desired = p.group.spec.rollout.replicas
+    if p.status.rollout_failures == 0 or p.status.ready_replicas < desired:
+        return False
+    last = p.status.last_failure_time
+    return last is None or time.time() - _parse(last) > 30
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def _heartbeat_figures(p: Pass) -> None:
+    if p.job is None:
+        return
+    channel = p.ctx.hub.channel(p.namespace, p.job.metadata.name)
+    if channel is None:
+        return
+    mine = [
+        hb
+        for hb in channel.heartbeats.values()
+        if hb.policy == p.group.spec.policy and hb.pod.startswith(f"{p.name}-")
+    ]
+    versions = [hb.weight_version for hb in mine if hb.role == Role.ROLLOUT.value]
+    if versions:
+        p.status.weight_version = min(versions)
+    steps = [hb.step for hb in mine if hb.role == Role.TRAINER.value]
+    if steps:
+        p.status.step = max(steps)
+
+
+def _phase_and_ready(p: Pass) -> None:
+    if p.blocked or p.status.phase == Phase.FAILED:
+        return
+    trainer = find_condition(p.status.conditions, "TrainerHealthy")
+    rollouts = find_condition(p.status.conditions, "RolloutsReady")
+    trainer_ok = trainer is None or trainer.status == ConditionStatus.TRUE
+    rollouts_ok = rollouts is not None and rollouts.status == ConditionStatus.TRUE
+    running = trainer_ok and (p.status.ready_replicas > 0 or p.group.spec.rollout.replicas == 0)
+    p.status.phase = Phase.RUNNING if running else Phase.PENDING
+    ok = trainer_ok and rollouts_ok
+    p.condition(
+        "Ready",
+        ok,
+        "Ready" if ok else "NotReady",
+        "trainer and rollouts are ready" if ok else "waiting for pods",
+    )
+
+
+async def _finish(p: Pass) -> None:
+    _heartbeat_figures(p)
+    _phase_and_ready(p)
+    p.status.observed_generation = p.group.metadata.generation
+    before = p.group.status
+    new = p.status.to_api()
+    if new != before.to_api():
+        await p.ctx.kube.patch_status("policygroups", p.namespace, p.name, new)
+        if before.phase != p.status.phase:
+            p.event(
+                "Normal" if p.status.phase != Phase.FAILED else "Warning",
+                "PhaseChanged",
+                f"phase {before.phase} -> {p.status.phase}",
+            )
+    obj = {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "PolicyGroup",
+        "metadata": {"name": p.name, "namespace": p.namespace, "uid": p.group.metadata.uid},
+    }
+    for type_, reason, message in p.events:
+        await p.ctx.kube.event(obj, type=type_, reason=reason, message=message)

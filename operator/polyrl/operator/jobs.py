@@ -1,0 +1,353 @@
+"""Reconciling one RLJob: its NATS streams, its PolicyGroups, its workflow runners, its status.
+
+The job seeds one PolicyGroup per policy and then leaves the group's replicas alone:
+scaling is the group's own business (`kubectl scale`, an HPA). Other policy settings flow
+from the job to its groups. Status sums up every group that names the job, including
+groups users applied for extra capacity, and the job ends (Succeeded, pods freed, status
+kept) when `spec.stop` is met.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyrl.api import naming, plan
+from polyrl.api.base import ConditionStatus, find_condition, set_condition
+from polyrl.api.resources import Phase, PolicyGroup, PolicyStatus, RLJob, RLJobStatus
+from polyrl.operator import metrics, render, scaling
+from polyrl.operator.context import Context
+from polyrl.operator.natshub import NatsUnavailable
+from polyrl.operator.podinfo import PodInfo
+
+log = logging.getLogger("polyrl.operator.jobs")
+SEEDED = f"{naming.LABEL_PREFIX}/seeded-replicas"
+JOB_REPLICAS = f"{naming.LABEL_PREFIX}/job-replicas"
+
+
+@dataclass
+class JobPass:
+    ctx: Context
+    body: Mapping[str, Any]
+    job: RLJob
+    status: RLJobStatus
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def ns(self) -> str:
+        return self.job.metadata.namespace
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def condition(self, type_: str, ok: bool, reason: str, message: str = "") -> None:
+        set_condition(
+            self.status.conditions,
+            type=type_,
+            status=ok,
+            reason=reason,
+            message=message,
+            generation=self.job.metadata.generation,
+        )
+
+
+def load(body: Mapping[str, Any]) -> RLJob:
+    return RLJob.model_validate(
+        {
+            "metadata": dict(body["metadata"]),
+            "spec": dict(body["spec"]),
+            "status": dict(body.get("status") or {}),
+        }
+    )
+
+
+async def reconcile(
+    ctx: Context,
+    body: Mapping[str, Any],
+    groups: Sequence[Mapping[str, Any]],
+    pods: Sequence[PodInfo],
+) -> None:
+    started = time.monotonic()
+    job = load(body)
+    p = JobPass(ctx=ctx, body=body, job=job, status=job.status.model_copy(deep=True))
+    if not Phase(job.status.phase).is_terminal():
+        await _nats(p)
+        await _groups(p, groups)
+        await _workflow(p, pods)
+    _status(p, groups)
+    await _finish(p)
+    metrics.RECONCILE_SECONDS.labels(kind="rljob").observe(time.monotonic() - started)
+    metrics.RECONCILES.labels(kind="rljob").inc()
+
+
+async def _nats(p: JobPass) -> None:
+    if p.job.spec.suspend:
+        return
+    try:
+        await p.ctx.hub.ensure_job(p.job)
+    except NatsUnavailable as err:
+        if _set(p, "NatsReady", False, "NatsUnreachable", f"{err}; retrying"):
+            p.event("Warning", "NatsUnreachable", str(err))
+        return
+    if _set(p, "NatsReady", True, "StreamsReady", "the job's streams and buckets exist"):
+        p.event("Normal", "NatsReady", "created the job's NATS streams and buckets")
+
+
+def _set(p: JobPass, type_: str, ok: bool, reason: str, message: str) -> bool:
+    """Set a condition; True when its status changed (worth an event)."""
+    old = find_condition(p.status.conditions, type_)
+    p.condition(type_, ok, reason, message)
+    wanted = ConditionStatus.TRUE if ok else ConditionStatus.FALSE
+    return old is None or old.status != wanted
+
+
+async def _groups(p: JobPass, groups: Sequence[Mapping[str, Any]]) -> None:
+    existing = {g["metadata"]["name"]: g for g in groups}
+    owner = render.owner_ref("RLJob", p.name, p.job.metadata.uid or "")
+    for planned in plan.policy_groups(p.job):
+        policy = p.job.spec.policy(planned.spec.policy)
+        assert policy is not None
+        current = existing.get(planned.metadata.name)
+        if current is None:
+            body = render.policy_group(planned, owner=owner, seeded=policy.rollout.replicas)
+            body["metadata"]["annotations"][JOB_REPLICAS] = str(policy.rollout.replicas)
+            if await p.ctx.kube.create_custom("policygroups", body):
+                p.event(
+                    "Normal",
+                    "PolicyGroupCreated",
+                    f"created PolicyGroup {planned.metadata.name} for policy {policy.name}",
+                )
+            continue
+        await _sync_group(p, planned, current)
+
+
+async def _sync_group(p: JobPass, planned: PolicyGroup, current: Mapping[str, Any]) -> None:
+    """Carry the job's policy settings to its group, except the group's own replicas."""
+    spec = dict(current["spec"])
+    rollout = {**planned.spec.rollout.to_api(), "replicas": spec["rollout"]["replicas"]}
+    lo, hi = rollout["minReplicas"], rollout["maxReplicas"]
+    rollout["replicas"] = min(max(rollout["replicas"], lo), hi)
+    desired = {**planned.spec.to_api(), "rollout": rollout}
+    patch: dict[str, Any] = {}
+    if {k: spec.get(k) for k in desired} != desired:
+        patch["spec"] = desired
+    annotations = current["metadata"].get("annotations") or {}
+    job_replicas = str(planned.spec.rollout.replicas)
+    if annotations.get(JOB_REPLICAS, job_replicas) != job_replicas:
+        patch["metadata"] = {"annotations": {JOB_REPLICAS: job_replicas}}
+        p.event(
+            "Warning",
+            "RolloutReplicasIgnored",
+            f"spec.policies[{planned.spec.policy}].rollout.replicas changed to "
+            f"{job_replicas}; it only seeds the PolicyGroup. Scale the group instead: "
+            f"kubectl scale pg {planned.metadata.name} --replicas={job_replicas}",
+        )
+    if patch:
+        await p.ctx.kube.patch_custom("policygroups", p.ns, planned.metadata.name, patch)
+
+
+async def _workflow(p: JobPass, pods: Sequence[PodInfo]) -> None:
+    runners = [x for x in pods if x.role == "workflow"]
+    if p.job.spec.suspend:
+        for pod in runners:
+            if not pod.deleting:
+                await p.ctx.kube.delete_pod(p.ns, pod.name, pod.uid)
+        return
+    launches = plan.plan(
+        p.job,
+        nats_url=p.ctx.hub.url_of(p.job),
+        worker_command=p.ctx.settings.worker_command,
+        groups=[],
+    ).workflow()
+    owner = render.owner_ref("RLJob", p.name, p.job.metadata.uid or "")
+    by_name = {x.name: x for x in runners}
+    for launch in launches:
+        current = by_name.get(launch.name)
+        body = render.pod(
+            launch, namespace=p.ns, owner=owner, nats_secret=p.job.spec.nats.credentials_secret
+        )
+        if current is None:
+            await p.ctx.kube.create_pod(body)
+        elif not current.deleting and (
+            current.terminal or current.spec_hash != render.spec_hash(body["spec"])
+        ):
+            await p.ctx.kube.delete_pod(p.ns, current.name, current.uid)
+            if current.phase == "Failed":
+                p.event("Warning", "WorkflowRunnerFailed", f"{current.name} failed; replacing it")
+
+
+def _policy_status(
+    name: str, groups: Sequence[PolicyGroup], owned: PolicyGroup | None
+) -> PolicyStatus:
+    mine = [g for g in groups if g.spec.policy == name]
+    trainer_ready = owned is not None and any(
+        c.type == "TrainerHealthy" and c.status == ConditionStatus.TRUE
+        for c in owned.status.conditions
+    )
+    versions = [g.status.weight_version for g in mine if g.status.ready_replicas > 0]
+    return PolicyStatus(
+        name=name,
+        step=owned.status.step if owned else 0,
+        weight_version=min(versions) if versions else 0,
+        ready_rollouts=sum(g.status.ready_replicas for g in mine),
+        desired_rollouts=sum(g.spec.rollout.replicas for g in mine),
+        trainer_ready=trainer_ready,
+    )
+
+
+def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]]) -> None:
+    groups = [
+        PolicyGroup.model_validate(
+            {
+                "metadata": dict(g["metadata"]),
+                "spec": dict(g["spec"]),
+                "status": dict(g.get("status") or {}),
+            }
+        )
+        for g in group_bodies
+    ]
+    by_name = {g.metadata.name: g for g in groups}
+    policies = [
+        _policy_status(pol.name, groups, by_name.get(naming.policy_group(p.name, pol.name)))
+        for pol in p.job.spec.policies
+    ]
+    p.status.policies = policies
+    ready = [x for x in policies if x.trainer_ready and x.ready_rollouts >= x.desired_rollouts]
+    p.status.policies_ready = f"{len(ready)}/{len(policies)}"
+    p.status.step = min((x.step for x in policies), default=0)
+    p.status.weight_version = min((x.weight_version for x in policies), default=0)
+    p.status.rollouts = (
+        f"{sum(x.ready_rollouts for x in policies)}/{sum(x.desired_rollouts for x in policies)}"
+    )
+    _phase(p, groups, all_ready=len(ready) == len(policies))
+
+
+def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> None:
+    phase = Phase(p.status.phase)
+    if phase.is_terminal():
+        return
+    failed = [
+        g.metadata.name
+        for g in groups
+        if g.status.phase == Phase.FAILED and g.spec.trainer is not None
+    ]
+    if failed:
+        _end(p, Phase.FAILED, "PolicyFailed", f"policy group(s) {', '.join(failed)} failed")
+    elif _stop_reached(p):
+        _end(p, Phase.SUCCEEDED, "StopReached", _stop_message(p))
+    elif p.job.spec.suspend:
+        p.status.phase = Phase.SUSPENDED
+        p.condition("Ready", False, "Suspended", "spec.suspend is true; all pods are freed")
+    else:
+        p.status.phase = Phase.RUNNING if all_ready else Phase.PENDING
+        p.status.start_time = p.status.start_time or (_now() if all_ready else None)
+        p.condition(
+            "Ready",
+            all_ready,
+            "Ready" if all_ready else "NotReady",
+            f"{p.status.policies_ready} policies ready",
+        )
+
+
+def _stop_reached(p: JobPass) -> bool:
+    stop = p.job.spec.stop
+    if (
+        stop.steps is not None
+        and p.status.policies
+        and all(x.step >= stop.steps for x in p.status.policies)
+    ):
+        return True
+    if stop.duration_seconds is not None and p.status.start_time:
+        started = calendar.timegm(time.strptime(p.status.start_time, "%Y-%m-%dT%H:%M:%SZ"))
+        return time.time() - started >= stop.duration_seconds
+    return False
+
+
+def _stop_message(p: JobPass) -> str:
+    stop = p.job.spec.stop
+    if stop.steps is not None and all(x.step >= stop.steps for x in p.status.policies):
+        return f"every policy reached step {stop.steps}"
+    return f"ran for {stop.duration_seconds}s"
+
+
+def _end(p: JobPass, phase: Phase, reason: str, message: str) -> None:
+    p.status.phase = phase
+    p.status.completion_time = _now()
+    p.condition("Ready", False, reason, message)
+    p.condition("Stopped", True, reason, message)
+    p.event(
+        "Normal" if phase == Phase.SUCCEEDED else "Warning",
+        reason,
+        f"job {phase.value}: {message}; pods are freed, status is kept",
+    )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+async def _finish(p: JobPass) -> None:
+    p.status.observed_generation = p.job.metadata.generation
+    before = p.job.status
+    new = p.status.to_api()
+    if new != before.to_api():
+        await p.ctx.kube.patch_status("rljobs", p.ns, p.name, new)
+        if before.phase != p.status.phase:
+            p.event("Normal", "PhaseChanged", f"phase {before.phase} -> {p.status.phase}")
+    obj = {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": p.name, "namespace": p.ns, "uid": p.job.metadata.uid},
+    }
+    for type_, reason, message in p.events:
+        await p.ctx.kube.event(obj, type=type_, reason=reason, message=message)
+
+
+async def cleanup(ctx: Context, body: Mapping[str, Any]) -> None:
+    """Finalizer: remove the job's NATS streams and buckets, bounded in time.
+
+    When NATS cannot be reached in `cleanup_timeout` the finalizer gives up with a Warning
+    event instead of blocking the delete forever; the streams then need removing by hand.
+    """
+    job = load(body)
+    obj = {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {
+            "name": job.metadata.name,
+            "namespace": job.metadata.namespace,
+            "uid": job.metadata.uid,
+        },
+    }
+    try:
+        removed = await asyncio.wait_for(
+            ctx.hub.remove_job(job), timeout=ctx.settings.cleanup_timeout
+        )
+    except (TimeoutError, NatsUnavailable, OSError) as err:
+        await ctx.kube.event(
+            obj,
+            type="Warning",
+            reason="NatsCleanupFailed",
+            message=f"could not remove the job's NATS streams within "
+            f"{ctx.settings.cleanup_timeout:.0f}s ({type(err).__name__}); "
+            "deleting the job anyway",
+        )
+        return
+    log.info(
+        "removed NATS streams and buckets of %s/%s: %s",
+        job.metadata.namespace,
+        job.metadata.name,
+        ", ".join(removed) or "none",
+    )
+
+
+__all__ = ["cleanup", "reconcile", "scaling"]

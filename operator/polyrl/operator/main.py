@@ -1,0 +1,163 @@
+"""kopf registrations only: each handler is a few lines that call plain functions.
+
+Every RLJob and PolicyGroup gets a daemon that runs its reconcile loop (`jobs.reconcile`,
+`groups.reconcile`); watch events on pods, groups and jobs only wake those loops. Pods,
+groups and jobs are mirrored into kopf indices, so a reconcile reads memory. The RLJob
+delete handler is the finalizer that removes the job's NATS streams, bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import kopf
+
+from polyrl.api import naming
+from polyrl.api.base import GROUP, VERSION
+from polyrl.operator import groups, jobs, kube, podinfo
+from polyrl.operator.context import Context, Wakers
+from polyrl.operator.natshub import NatsHub
+from polyrl.operator.settings import OperatorSettings
+
+MANAGED = {naming.L_MANAGED_BY: naming.MANAGED_BY}
+RLJOBS = (GROUP, VERSION, "rljobs")
+GROUPS = (GROUP, VERSION, "policygroups")
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/cleanup"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.enabled = False  # we post our own events, one per transition
+    settings.watching.server_timeout = 300
+    settings.watching.label_selectors["v1", "pods"] = f"{naming.L_MANAGED_BY}={naming.MANAGED_BY}"
+    config = OperatorSettings.from_env()
+    wakers = Wakers()
+    client = kube.Kube(kube.load_client())
+    hub = NatsHub(client, config, lambda ns, name: wakers.wake("group", ns, name))
+    memo.ctx = Context(kube=client, hub=hub, settings=config, wakers=wakers)
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    await memo.ctx.hub.close()
+
+
+@kopf.index("v1", "pods", labels=MANAGED)
+def pods_index(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> Any:
+    owner = labels.get(naming.L_GROUP) or f"job:{labels.get(naming.L_JOB)}"
+    return {(namespace, owner): podinfo.from_body(body)}
+
+
+@kopf.index(*GROUPS)
+def groups_index(body: kopf.Body, namespace: str, spec: kopf.Spec, **_: Any) -> Any:
+    return {(namespace, spec.get("jobRef")): dict(body)}
+
+
+@kopf.index(*RLJOBS)
+def jobs_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> Any:
+    return {(namespace, name): dict(body)}
+
+
+@kopf.on.event("v1", "pods", labels=MANAGED)
+def pod_event(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+    wakers: Wakers = memo.ctx.wakers
+    if labels.get(naming.L_GROUP):
+        wakers.wake("group", namespace, labels[naming.L_GROUP])
+    wakers.wake("job", namespace, labels.get(naming.L_JOB, ""))
+
+
+@kopf.on.event(*GROUPS)
+def group_event(memo: kopf.Memo, namespace: str, name: str, spec: kopf.Spec, **_: Any) -> None:
+    memo.ctx.wakers.wake("group", namespace, name)
+    memo.ctx.wakers.wake("job", namespace, spec.get("jobRef", ""))
+
+
+@kopf.on.event(*RLJOBS)
+def job_event(
+    memo: kopf.Memo, namespace: str, name: str, groups_index: kopf.Index[Any, Any], **_: Any
+) -> None:
+    memo.ctx.wakers.wake("job", namespace, name)
+    for group in groups_index.get((namespace, name), []):
+        memo.ctx.wakers.wake("group", namespace, group["metadata"]["name"])
+
+
+def _first(index: kopf.Index[Any, Any], key: Any) -> Any:
+    return next(iter(index.get(key, [])), None)
+
+
+async def _sleep(
+    ctx: Context, kind: str, namespace: str, name: str, stopped: kopf.DaemonStopped
+) -> None:
+    event = ctx.wakers.event(kind, namespace, name)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=ctx.settings.status_interval)
+    event.clear()
+    await asyncio.sleep(0.02)  # let a burst of watch events land in the indices
+
+
+@kopf.daemon(*GROUPS, cancellation_timeout=5.0)
+async def group_loop(
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    pods_index: kopf.Index[Any, Any],
+    jobs_index: kopf.Index[Any, Any],
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    ctx: Context = memo.ctx
+    ctx.wakers.event("group", namespace, name)
+    try:
+        while not stopped:
+            job = _first(jobs_index, (namespace, body["spec"].get("jobRef")))
+            try:
+                await groups.reconcile(ctx, body, list(pods_index.get((namespace, name), [])), job)
+            except Exception:  # a failed pass is retried on the next wake, never crashes
+                logger.exception("reconciling PolicyGroup %s/%s failed; retrying", namespace, name)
+            await _sleep(ctx, "group", namespace, name, stopped)
+    finally:
+        ctx.wakers.forget("group", namespace, name)
+
+
+@kopf.daemon(*RLJOBS, cancellation_timeout=5.0)
+async def job_loop(
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    pods_index: kopf.Index[Any, Any],
+    groups_index: kopf.Index[Any, Any],
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    ctx: Context = memo.ctx
+    ctx.wakers.event("job", namespace, name)
+    try:
+        while not stopped:
+            try:
+                await jobs.reconcile(
+                    ctx,
+                    body,
+                    list(groups_index.get((namespace, name), [])),
+                    list(pods_index.get((namespace, f"job:{name}"), [])),
+                )
+            except Exception:
+                logger.exception("reconciling RLJob %s/%s failed; retrying", namespace, name)
+            await _sleep(ctx, "job", namespace, name, stopped)
+    finally:
+        ctx.wakers.forget("job", namespace, name)
+
+
+@kopf.on.delete(*RLJOBS)
+async def job_deleted(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
+    await jobs.cleanup(memo.ctx, body)

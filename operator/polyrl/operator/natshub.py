@@ -1,0 +1,211 @@
+"""The operator's NATS side: connections, a job's streams, heartbeats, drain messages.
+
+One connection per (URL, credentials Secret), shared by the jobs that use it. Heartbeats
+are mirrored into memory by a KV watch per job, and Drained messages by a subscription per
+job, so status and scale-down read memory instead of polling NATS. Every operation is
+bounded by `settings.nats_timeout`; callers turn failures into conditions and retry.
+Credentials are read from the Secret at connect time and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.subscription import Subscription
+from pydantic import ValidationError
+
+from polyrl.api import natsconfig
+from polyrl.api.messages import DrainAck, Drained, DrainRequest, Heartbeat
+from polyrl.api.naming import JobNames
+from polyrl.api.resources import RLJob
+from polyrl.operator.kube import Kube
+from polyrl.operator.settings import OperatorSettings
+
+log = logging.getLogger("polyrl.operator.nats")
+Wake = Callable[[str, str], None]  # (namespace, group) -> None
+
+
+class NatsUnavailable(RuntimeError):
+    """NATS could not be reached or did not answer in time."""
+
+
+class JobChannel:
+    """Per-job mirrors: heartbeats by key, and pods that reported Drained."""
+
+    def __init__(self) -> None:
+        self.heartbeats: dict[str, Heartbeat] = {}
+        self.drained: dict[str, Drained] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.subs: list[Subscription] = []
+
+    async def close(self) -> None:
+        for sub in self.subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for task in self.tasks:
+            task.cancel()
+        self.subs.clear()
+        self.tasks.clear()
+
+
+class NatsHub:
+    def __init__(self, kube: Kube, settings: OperatorSettings, wake: Wake) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.wake = wake
+        self.conns: dict[tuple[str, str | None, str], NatsClient] = {}
+        self.channels: dict[tuple[str, str], JobChannel] = {}
+        self.ensured: dict[tuple[str, str], int] = {}  # job -> generation ensured
+
+    def url_of(self, job: RLJob) -> str:
+        return job.spec.nats.url or self.settings.nats_url
+
+    def _secret_of(self, job: RLJob) -> tuple[str | None, str]:
+        if job.spec.nats.credentials_secret:
+            return job.spec.nats.credentials_secret, job.metadata.namespace
+        return self.settings.nats_credentials_secret, self.settings.namespace
+
+    async def connect(self, job: RLJob) -> NatsClient:
+        url = self.url_of(job)
+        secret, secret_ns = self._secret_of(job)
+        key = (url, secret, secret_ns)
+        conn = self.conns.get(key)
+        if conn is not None and conn.is_connected:
+            return conn
+        options = await self._credentials(secret, secret_ns)
+        try:
+            conn = await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    connect_timeout=self.settings.nats_timeout,
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    **options,
+                ),
+                timeout=self.settings.nats_timeout * 2,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as err:
+            raise NatsUnavailable(
+                f"cannot connect to NATS at {url}: {type(err).__name__}"
+            ) from None
+        self.conns[key] = conn
+        return conn
+
+    async def _credentials(self, secret: str | None, namespace: str) -> dict[str, Any]:
+        if not secret:
+            return {}
+        data = await self.kube.read_secret(namespace, secret)
+        if "token" in data:
+            return {"token": base64.b64decode(data["token"]).decode()}
+        if "creds" in data:
+            fd, path = tempfile.mkstemp(prefix="polyrl-nats-", suffix=".creds")
+            with os.fdopen(fd, "wb") as out:
+                out.write(base64.b64decode(data["creds"]))
+            return {"user_credentials": path}
+        if "user" in data and "password" in data:
+            return {
+                "user": base64.b64decode(data["user"]).decode(),
+                "password": base64.b64decode(data["password"]).decode(),
+            }
+        return {}
+
+    async def ensure_job(self, job: RLJob) -> None:
+        """Streams and buckets exist, and this job's mirrors run (once per generation)."""
+        key = (job.metadata.namespace, job.metadata.name)
+        if self.ensured.get(key) == job.metadata.generation and key in self.channels:
+            return
+        conn = await self.connect(job)
+        names = JobNames(namespace=job.metadata.namespace, job=job.metadata.name)
+        policies = [p.name for p in job.spec.policies]
+        try:
+            await asyncio.wait_for(
+                natsconfig.ensure(conn.jetstream(), names, policies),
+                timeout=self.settings.nats_timeout * 4,
+            )
+        except (TimeoutError, nats.errors.Error) as err:
+            raise NatsUnavailable(
+                f"cannot create the job's streams: {type(err).__name__}"
+            ) from None
+        if key not in self.channels:
+            self.channels[key] = await self._open_channel(conn, names)
+        self.ensured[key] = job.metadata.generation
+
+    async def _open_channel(self, conn: NatsClient, names: JobNames) -> JobChannel:
+        channel = JobChannel()
+
+        async def on_drained(msg: Any) -> None:
+            try:
+                drained = Drained.model_validate_json(msg.data)
+            except ValidationError:
+                log.warning("malformed Drained message on %s ignored", msg.subject)
+                return
+            channel.drained[drained.pod] = drained
+            self.wake(names.namespace, "*")  # whichever group the pod was in
+
+        channel.subs.append(await conn.subscribe(names.drained_wildcard, cb=on_drained))
+        kv = await conn.jetstream().key_value(names.heartbeats_bucket)
+        channel.tasks.append(asyncio.create_task(self._mirror(kv, channel)))
+        return channel
+
+    async def _mirror(self, kv: Any, channel: JobChannel) -> None:
+        watcher = await kv.watchall()
+        async for entry in watcher:
+            if entry is None:
+                continue
+            if entry.value is None or entry.operation in ("DEL", "PURGE"):
+                channel.heartbeats.pop(entry.key, None)
+                continue
+            try:
+                channel.heartbeats[entry.key] = Heartbeat.model_validate_json(entry.value)
+            except ValidationError:
+                log.warning("malformed heartbeat under %s ignored", entry.key)
+
+    def channel(self, namespace: str, job: str) -> JobChannel | None:
+        return self.channels.get((namespace, job))
+
+    async def request_drain(self, job: RLJob, policy: str, pod: str, drain_seconds: float) -> bool:
+        """Ask `pod` to drain; True when it acknowledged (it answers once more as Drained)."""
+        names = JobNames(namespace=job.metadata.namespace, job=job.metadata.name)
+        try:
+            conn = await self.connect(job)
+            reply = await conn.request(
+                names.drain_subject(policy, pod),
+                DrainRequest(pod=pod, timeout_seconds=drain_seconds).model_dump_json().encode(),
+                timeout=min(2.0, self.settings.nats_timeout),
+            )
+            DrainAck.model_validate_json(reply.data)
+        except (NatsUnavailable, TimeoutError, nats.errors.Error, ValidationError) as err:
+            log.info("drain request to %s not acknowledged: %s", pod, type(err).__name__)
+            return False
+        return True
+
+    async def remove_job(self, job: RLJob) -> list[str]:
+        key = (job.metadata.namespace, job.metadata.name)
+        channel = self.channels.pop(key, None)
+        if channel is not None:
+            await channel.close()
+        self.ensured.pop(key, None)
+        conn = await self.connect(job)
+        names = JobNames(namespace=job.metadata.namespace, job=job.metadata.name)
+        return await natsconfig.remove(conn.jetstream(), names, [p.name for p in job.spec.policies])
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+        for conn in self.conns.values():
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+def now() -> float:
+    return time.time()

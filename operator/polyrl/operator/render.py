@@ -1,0 +1,161 @@
+"""Rendering plan output as Kubernetes objects: Pods, the trainer Service, PolicyGroups.
+
+Pods satisfy Pod Security `restricted` (non-root, no privilege escalation, all capabilities
+dropped, RuntimeDefault seccomp, read-only root with a writable /tmp), run with
+`restartPolicy: Never` (the operator replaces them, with backoff), never mount a service
+account token (workers talk only to NATS), and carry a hash of their spec so a changed image
+or resources rolls out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from polyrl.api import naming
+from polyrl.api.base import API_VERSION
+from polyrl.api.launch import POD_NAME_ENV, RDZV_PORT, Role, WorkerLaunch
+from polyrl.api.resources import PolicyGroup
+
+RUN_AS = 65532
+
+
+def owner_ref(kind: str, name: str, uid: str, *, api_version: str = API_VERSION) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _env(launch: WorkerLaunch, nats_secret: str | None) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(launch.env.items())]
+    env += [
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {
+            "name": "POLYRL_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    if nats_secret:
+        for var, key in (("POLYRL_NATS_TOKEN", "token"), ("POLYRL_NATS_CREDS", "creds")):
+            env.append(
+                {
+                    "name": var,
+                    "valueFrom": {
+                        "secretKeyRef": {"name": nats_secret, "key": key, "optional": True}
+                    },
+                }
+            )
+    return env
+
+
+def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": str(launch.role),
+        "image": launch.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": launch.command,
+        "env": _env(launch, nats_secret),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if launch.resources is not None:
+        container["resources"] = launch.resources.to_api()
+    if launch.role == Role.TRAINER:
+        container["ports"] = [{"name": "rdzv", "containerPort": RDZV_PORT}]
+    return container
+
+
+def pod_spec(
+    launch: WorkerLaunch, *, nats_secret: str | None = None, grace_seconds: int = 30
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(launch, nats_secret)],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if launch.node_selector:
+        spec["nodeSelector"] = dict(launch.node_selector)
+    if launch.tolerations:
+        spec["tolerations"] = [t.to_api() for t in launch.tolerations]
+    if launch.role == Role.TRAINER and launch.policy_group:
+        spec["hostname"] = launch.name
+        spec["subdomain"] = naming.trainer_service(launch.policy_group)
+    return spec
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def pod(
+    launch: WorkerLaunch,
+    *,
+    namespace: str,
+    owner: dict[str, Any],
+    nats_secret: str | None = None,
+    grace_seconds: int = 30,
+) -> dict[str, Any]:
+    spec = pod_spec(launch, nats_secret=nats_secret, grace_seconds=grace_seconds)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": launch.name,
+            "namespace": namespace,
+            "labels": dict(launch.labels),
+            "annotations": {naming.A_SPEC_HASH: spec_hash(spec)},
+            "ownerReferences": [owner],
+        },
+        "spec": spec,
+    }
+
+
+def trainer_service(group: PolicyGroup, *, owner: dict[str, Any]) -> dict[str, Any]:
+    """Headless Service giving trainer pods stable DNS names for c10d rendezvous."""
+    name = group.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": naming.trainer_service(name),
+            "namespace": group.metadata.namespace,
+            "labels": {naming.L_GROUP: name, naming.L_MANAGED_BY: naming.MANAGED_BY},
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {naming.L_GROUP: name, naming.L_ROLE: Role.TRAINER.value},
+            "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+        },
+    }
+
+
+def policy_group(group: PolicyGroup, *, owner: dict[str, Any], seeded: int) -> dict[str, Any]:
+    body = group.to_api()
+    body.pop("status", None)
+    meta = body["metadata"]
+    meta["ownerReferences"] = [owner]
+    meta.setdefault("annotations", {})[f"{naming.LABEL_PREFIX}/seeded-replicas"] = str(seeded)
+    return body

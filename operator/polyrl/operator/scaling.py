@@ -1,0 +1,46 @@
+"""Pure decisions about a rollout pool: which indices to fill, which pods to drain, backoff.
+
+Scale-down order is deterministic and documented: pods that are not Ready go first (they
+serve nothing), then the newest (they hold the least warm state), ties broken by the
+highest replica index. Scale-up fills the lowest free indices, so names stay small and a
+restarted operator computes the same names again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from polyrl.operator.podinfo import PodInfo
+
+BACKOFF_BASE = 1.0
+BACKOFF_MAX = 300.0
+
+
+def victims(active: Sequence[PodInfo], count: int) -> list[PodInfo]:
+    """The `count` pods to drain first: not-Ready first, then newest, then highest index."""
+    if count <= 0:
+        return []
+    order = sorted(active, key=lambda p: (p.ready, _neg(p.created), -p.replica))
+    return order[:count]
+
+
+def _neg(stamp: str) -> tuple[int, ...]:
+    """Sort key that orders RFC 3339 stamps newest first."""
+    return tuple(-ord(ch) for ch in stamp)
+
+
+def free_indices(used: Iterable[int], count: int) -> list[int]:
+    taken, i = set(used), 0
+    found: list[int] = []
+    while len(found) < count:
+        if i not in taken:
+            found.append(i)
+        i += 1
+    return found
+
+
+def backoff_delay(failures: int) -> float:
+    """Seconds to wait before replacing a pod after `failures` consecutive failures."""
+    if failures <= 0:
+        return 0.0
+    return float(min(BACKOFF_MAX, BACKOFF_BASE * 2.0 ** (failures - 1)))

@@ -1,0 +1,43 @@
+"""The operator's own configuration, read once from its environment (the Helm chart sets it)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    nats_url: str = "nats://nats.nats.svc:4222"
+    """NATS for jobs that name none (POLYRL_NATS_URL)."""
+    nats_credentials_secret: str | None = None
+    """Secret (in the operator's namespace) with the default NATS credentials."""
+    namespace: str = "polyrl-system"
+    """Where the operator runs (POLYRL_NAMESPACE)."""
+    worker_command: tuple[str, ...] = ("polyrl", "worker")
+    """Entry point of the worker image (POLYRL_WORKER_COMMAND, shell-split)."""
+    default_image: str | None = None
+    """Overrides the jobs' default worker image (POLYRL_DEFAULT_WORKER_IMAGE)."""
+    status_interval: float = 5.0
+    """Seconds between status refreshes of an idle object."""
+    nats_timeout: float = 5.0
+    """Bound on one NATS operation (connect, create, delete)."""
+    cleanup_timeout: float = 15.0
+    """Bound on removing a deleted job's streams, so a delete never hangs."""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
+        env = dict(os.environ if env is None else env)
+        d = cls()
+        return cls(
+            nats_url=env.get("POLYRL_NATS_URL", d.nats_url),
+            nats_credentials_secret=env.get("POLYRL_NATS_CREDENTIALS_SECRET") or None,
+            namespace=env.get("POLYRL_NAMESPACE", d.namespace),
+            worker_command=tuple(shlex.split(env.get("POLYRL_WORKER_COMMAND", "polyrl worker"))),
+            default_image=env.get("POLYRL_DEFAULT_WORKER_IMAGE") or None,
+            status_interval=float(env.get("POLYRL_STATUS_INTERVAL", d.status_interval)),
+            nats_timeout=float(env.get("POLYRL_NATS_TIMEOUT", d.nats_timeout)),
+            cleanup_timeout=float(env.get("POLYRL_CLEANUP_TIMEOUT", d.cleanup_timeout)),
+        )
