@@ -27,6 +27,21 @@ from polyrl.api.resources import (
 )
 
 WORKER_COMMAND = ("polyrl", "worker")
+TRAINER_ENTRY = ("-m", "polyrl.workers.trainer")  # what torchrun runs on every rank
+
+
+@dataclass(frozen=True, slots=True)
+class Entrypoints:
+    """What the worker image runs: `<worker> rollout|workflow`, `torchrun ... <trainer>`.
+
+    The defaults fit the worker image; the operator can override them for other images.
+    """
+
+    worker: tuple[str, ...] = WORKER_COMMAND
+    trainer: tuple[str, ...] = TRAINER_ENTRY
+
+
+DEFAULT_ENTRYPOINTS = Entrypoints()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +90,7 @@ def plan(
     *,
     nats_url: str,
     groups: Sequence[PolicyGroup] | None = None,
-    worker_command: Sequence[str] = WORKER_COMMAND,
+    entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS,
 ) -> Plan:
     owned = policy_groups(job)
     if job.spec.suspend or Phase(job.status.phase).is_terminal():
@@ -85,11 +100,9 @@ def plan(
         policy = job.spec.policy(group.spec.policy)
         if policy is None:
             continue
-        launches += group_launches(
-            job, group, policy, nats_url=nats_url, worker_command=worker_command
-        )
+        launches += group_launches(job, group, policy, nats_url=nats_url, entrypoints=entrypoints)
     launches += [
-        _workflow(job, i, nats_url, worker_command) for i in range(job.spec.workflow.replicas)
+        _workflow(job, i, nats_url, entrypoints) for i in range(job.spec.workflow.replicas)
     ]
     return Plan(policy_groups=owned, launches=launches)
 
@@ -100,18 +113,17 @@ def group_launches(
     policy: PolicySpec,
     *,
     nats_url: str,
-    worker_command: Sequence[str] = WORKER_COMMAND,
+    entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS,
 ) -> list[WorkerLaunch]:
     """A group's trainer launches (if it has a trainer) and its rollout launches."""
     launches = []
     trainer = group.spec.trainer
     if trainer is not None:
         launches += [
-            _trainer(job, group, policy, trainer, i, nats_url) for i in range(trainer.replicas)
+            _trainer(job, group, policy, trainer, i, nats_url, entrypoints)
+            for i in range(trainer.replicas)
         ]
-    template = rollout_template(
-        job, group, policy, nats_url=nats_url, worker_command=worker_command
-    )
+    template = rollout_template(job, group, policy, nats_url=nats_url, entrypoints=entrypoints)
     launches += [
         template.with_replica(i, naming.rollout_pod(group.metadata.name, i))
         for i in range(group.spec.rollout.replicas)
@@ -159,7 +171,7 @@ def rollout_template(
     policy: PolicySpec,
     *,
     nats_url: str,
-    worker_command: Sequence[str] = WORKER_COMMAND,
+    entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS,
 ) -> WorkerLaunch:
     """Replica 0 of a group's rollout pool; `with_replica` gives the others."""
     name = group.metadata.name
@@ -172,7 +184,7 @@ def rollout_template(
         policy_group=name,
         replica=0,
         image=group.spec.image or policy.image or job.spec.image,
-        command=[*worker_command, Role.ROLLOUT.value],
+        command=[*entrypoints.worker, Role.ROLLOUT.value],
         env={CONFIG_ENV: config.to_env()},
         labels=_labels(job, Role.ROLLOUT, 0, group),
         resources=rollout.resources,
@@ -182,7 +194,9 @@ def rollout_template(
     )
 
 
-def trainer_command(group: str, trainer: TrainerSpec) -> list[str]:
+def trainer_command(
+    group: str, trainer: TrainerSpec, entry: Sequence[str] = TRAINER_ENTRY
+) -> list[str]:
     """torchrun: standalone for one node; c10d rendezvous on the headless Service otherwise.
 
     `$(POLYRL_RDZV_ENDPOINT)` and `$(POLYRL_NODE_RANK)` are filled by whoever renders the
@@ -190,7 +204,7 @@ def trainer_command(group: str, trainer: TrainerSpec) -> list[str]:
     """
     base = ["torchrun", f"--nproc-per-node={trainer.nproc_per_node}"]
     if trainer.replicas == 1:
-        return [*base, "--standalone", "--nnodes=1", "-m", "polyrl.workers.trainer"]
+        return [*base, "--standalone", "--nnodes=1", *entry]
     return [
         *base,
         f"--nnodes={trainer.replicas}",
@@ -198,8 +212,7 @@ def trainer_command(group: str, trainer: TrainerSpec) -> list[str]:
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=$(POLYRL_RDZV_ENDPOINT)",
         f"--rdzv-id={group}",
-        "-m",
-        "polyrl.workers.trainer",
+        *entry,
     ]
 
 
@@ -210,6 +223,7 @@ def _trainer(
     trainer: TrainerSpec,
     replica: int,
     nats_url: str,
+    entrypoints: Entrypoints,
 ) -> WorkerLaunch:
     name = group.metadata.name
     config = _config(job, Role.TRAINER, nats_url, policy=policy.name, group=name, replica=replica)
@@ -226,7 +240,7 @@ def _trainer(
         policy_group=name,
         replica=replica,
         image=group.spec.image or policy.image or job.spec.image,
-        command=trainer_command(name, trainer),
+        command=trainer_command(name, trainer, entrypoints.trainer),
         env=env,
         labels=_labels(job, Role.TRAINER, replica, group),
         resources=trainer.resources,
@@ -236,16 +250,14 @@ def _trainer(
     )
 
 
-def _workflow(
-    job: RLJob, replica: int, nats_url: str, worker_command: Sequence[str]
-) -> WorkerLaunch:
+def _workflow(job: RLJob, replica: int, nats_url: str, entrypoints: Entrypoints) -> WorkerLaunch:
     config = _config(job, Role.WORKFLOW, nats_url, replica=replica)
     return WorkerLaunch(
         name=naming.workflow_pod(job.metadata.name, replica),
         role=Role.WORKFLOW,
         replica=replica,
         image=job.spec.image,
-        command=[*worker_command, Role.WORKFLOW.value],
+        command=[*entrypoints.worker, Role.WORKFLOW.value],
         env={CONFIG_ENV: config.to_env()},
         labels=_labels(job, Role.WORKFLOW, replica),
         config=config,

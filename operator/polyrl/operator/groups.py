@@ -127,7 +127,7 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
         p.group,
         policy,
         nats_url=p.ctx.hub.url_of(p.job),
-        worker_command=p.ctx.settings.worker_command,
+        entrypoints=p.ctx.settings.entrypoints,
     )
     await _trainer(p, policy, [x for x in launches if x.role == Role.TRAINER])
     await _rollouts(p, [x for x in launches if x.role == Role.ROLLOUT])
@@ -310,7 +310,7 @@ def _template(p: Pass) -> WorkerLaunch:
         p.group,
         policy,
         nats_url=p.ctx.hub.url_of(p.job),
-        worker_command=p.ctx.settings.worker_command,
+        entrypoints=p.ctx.settings.entrypoints,
     )
 
 

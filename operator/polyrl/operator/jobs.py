@@ -79,7 +79,9 @@ async def reconcile(
     started = time.monotonic()
     job = load(body)
     p = JobPass(ctx=ctx, body=body, job=job, status=job.status.model_copy(deep=True))
-    if not Phase(job.status.phase).is_terminal():
+    if Phase(job.status.phase).is_terminal():
+        await _free(p, pods)
+    else:
         await _nats(p)
         await _groups(p, groups)
         await _workflow(p, pods)
@@ -155,17 +157,22 @@ async def _sync_group(p: JobPass, planned: PolicyGroup, current: Mapping[str, An
         await p.ctx.kube.patch_custom("policygroups", p.ns, planned.metadata.name, patch)
 
 
+async def _free(p: JobPass, pods: Sequence[PodInfo]) -> None:
+    """The job's own pods (workflow runners) go; groups free theirs when they see the job."""
+    for pod in pods:
+        if not pod.deleting:
+            await p.ctx.kube.delete_pod(p.ns, pod.name, pod.uid)
+
+
 async def _workflow(p: JobPass, pods: Sequence[PodInfo]) -> None:
     runners = [x for x in pods if x.role == "workflow"]
     if p.job.spec.suspend:
-        for pod in runners:
-            if not pod.deleting:
-                await p.ctx.kube.delete_pod(p.ns, pod.name, pod.uid)
+        await _free(p, runners)
         return
     launches = plan.plan(
         p.job,
         nats_url=p.ctx.hub.url_of(p.job),
-        worker_command=p.ctx.settings.worker_command,
+        entrypoints=p.ctx.settings.entrypoints,
         groups=[],
     ).workflow()
     owner = render.owner_ref("RLJob", p.name, p.job.metadata.uid or "")

@@ -6,6 +6,8 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
+from polyrl.api.plan import DEFAULT_ENTRYPOINTS, Entrypoints
+
 
 @dataclass(frozen=True, slots=True)
 class OperatorSettings:
@@ -15,8 +17,9 @@ class OperatorSettings:
     """Secret (in the operator's namespace) with the default NATS credentials."""
     namespace: str = "polyrl-system"
     """Where the operator runs (POLYRL_NAMESPACE)."""
-    worker_command: tuple[str, ...] = ("polyrl", "worker")
-    """Entry point of the worker image (POLYRL_WORKER_COMMAND, shell-split)."""
+    entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS
+    """What worker pods run: POLYRL_WORKER_COMMAND (default `polyrl worker`) and
+    POLYRL_TRAINER_ENTRY (what torchrun runs, default `-m polyrl.workers.trainer`)."""
     default_image: str | None = None
     """Overrides the jobs' default worker image (POLYRL_DEFAULT_WORKER_IMAGE)."""
     status_interval: float = 5.0
@@ -35,7 +38,12 @@ class OperatorSettings:
             nats_url=env.get("POLYRL_NATS_URL", d.nats_url),
             nats_credentials_secret=env.get("POLYRL_NATS_CREDENTIALS_SECRET") or None,
             namespace=env.get("POLYRL_NAMESPACE", d.namespace),
-            worker_command=tuple(shlex.split(env.get("POLYRL_WORKER_COMMAND", "polyrl worker"))),
+            entrypoints=Entrypoints(
+                worker=tuple(shlex.split(env.get("POLYRL_WORKER_COMMAND", "polyrl worker"))),
+                trainer=tuple(
+                    shlex.split(env.get("POLYRL_TRAINER_ENTRY", "-m polyrl.workers.trainer"))
+                ),
+            ),
             default_image=env.get("POLYRL_DEFAULT_WORKER_IMAGE") or None,
             status_interval=float(env.get("POLYRL_STATUS_INTERVAL", d.status_interval)),
             nats_timeout=float(env.get("POLYRL_NATS_TIMEOUT", d.nats_timeout)),

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,12 @@ log = logging.getLogger("polyrl.nodeagent")
 
 PatchStatus = Callable[[dict[str, Any]], None]
 MAX_BACKOFF = 30.0
+
+
+def _path() -> str:
+    """The agent's PATH with its own interpreter's directory first, so a pod's `polyrl`,
+    `torchrun` or `python` is the virtualenv's, however the agent itself was started."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 class PodRunner:
@@ -81,7 +88,7 @@ class PodRunner:
         with out:
             return subprocess.Popen(
                 argv,
-                env={**os.environ, "POLYRL_POD_SANDBOX": str(self.sandbox), **env},
+                env={**os.environ, "PATH": _path(), "POLYRL_POD_SANDBOX": str(self.sandbox), **env},
                 cwd=cwd if cwd and Path(cwd).is_dir() else self.sandbox,
                 stdout=out,
                 stderr=subprocess.STDOUT,

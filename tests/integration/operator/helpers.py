@@ -1,0 +1,108 @@
+"""Small readers and waiters shared by the operator's acceptance tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from polyrl.testing.kube import Kubectl, condition, wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def job_doc(name: str, *, rollout: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    rollout = {"replicas": 1, "drainTimeoutSeconds": 3, **(rollout or {})}
+    return {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "policies": [
+                {"name": "solver", "model": {"path": "tiny-llama://s"}, "rollout": rollout}
+            ],
+            **spec,
+        },
+    }
+
+
+def apply(kubectl: Kubectl, ns: str, doc: dict[str, Any]) -> None:
+    kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+
+
+def pods(kubectl: Kubectl, ns: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kubectl.json("get", "pods", "-n", ns, "-l", selector)["items"]
+    return items
+
+
+def live(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def running_names(kubectl: Kubectl, ns: str, selector: str) -> list[str]:
+    return sorted(
+        p["metadata"]["name"]
+        for p in live(pods(kubectl, ns, selector))
+        if p["status"].get("phase") == "Running"
+        and "polyrl.dev/draining" not in p["metadata"].get("labels", {})
+    )
+
+
+def wait_running(
+    kubectl: Kubectl, ns: str, selector: str, count: int, timeout: float = 30
+) -> list[str]:
+    return wait_for(
+        f"{count} running pods matching {selector}",
+        lambda: names if len(names := running_names(kubectl, ns, selector)) == count else None,
+        timeout=timeout,
+    )
+
+
+def get(kubectl: Kubectl, ns: str, kind: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = kubectl.json("get", kind, name, "-n", ns)
+    return result
+
+
+def wait_condition(
+    kubectl: Kubectl, ns: str, kind: str, name: str, kind_: str, reason: str, timeout: float = 30
+) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        obj = get(kubectl, ns, kind, name)
+        for cond in obj.get("status", {}).get("conditions") or []:
+            if cond["type"] == kind_ and cond["reason"] == reason:
+                return obj
+        return None
+
+    return wait_for(f"{kind}/{name} condition {kind_} with reason {reason}", probe, timeout=timeout)
+
+
+def events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kubectl.json(
+        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
+    )["items"]
+    return items
+
+
+def reasons(kubectl: Kubectl, ns: str, name: str) -> list[str]:
+    return [e["reason"] for e in events(kubectl, ns, name)]
+
+
+def fail_pod(kubectl: Kubectl, ns: str, name: str, code: int = 1) -> None:
+    """Mark a pod Failed as a kubelet would (status subresource): a failure on demand."""
+    status = {"status": {"phase": "Failed", "reason": "Error", "message": f"exit {code}"}}
+    kubectl(
+        "patch",
+        "pod",
+        name,
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(status),
+    )
+
+
+__all__ = ["condition"]

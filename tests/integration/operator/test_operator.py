@@ -1,0 +1,449 @@
+"""What users do with the operator, each with real kubectl against the test control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import nats
+import pytest
+import yaml
+
+from polyrl.api.naming import JobNames
+from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.natsserver import NatsServer
+
+from .conftest import OperatorProcess
+from .helpers import (
+    REPO,
+    apply,
+    events,
+    fail_pod,
+    get,
+    job_doc,
+    live,
+    pods,
+    reasons,
+    running_names,
+    wait_condition,
+    wait_running,
+)
+
+SOLVER = "polyrl.dev/policy-group={job}-solver,polyrl.dev/role={role}"
+
+
+async def _streams(url: str) -> set[str]:
+    nc = await nats.connect(url)
+    try:
+        return {s.config.name or "" for s in await nc.jetstream().streams_info()}
+    finally:
+        await nc.close()
+
+
+def test_applying_the_example_creates_groups_pods_service_and_streams(
+    kubectl: Kubectl, ns: str, nats_server: NatsServer
+) -> None:
+    kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / "solver-verifier.yaml"))
+    job = "solver-verifier"
+    wait_running(kubectl, ns, SOLVER.format(job=job, role="rollout"), 2)
+    wait_running(kubectl, ns, SOLVER.format(job=job, role="trainer"), 1)
+    wait_running(kubectl, ns, f"polyrl.dev/policy-group={job}-verifier", 2)
+    wait_running(kubectl, ns, "polyrl.dev/role=workflow", 1)
+    groups = kubectl.json("get", "pg", "-n", ns)["items"]
+    assert sorted(g["metadata"]["name"] for g in groups) == [f"{job}-solver", f"{job}-verifier"]
+    rlj = get(kubectl, ns, "rlj", job)
+    for g in groups:
+        owner = g["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == (
+            "RLJob",
+            rlj["metadata"]["uid"],
+            True,
+        )
+    trainer = get(kubectl, ns, "pod", f"{job}-solver-trainer-0")
+    assert trainer["spec"]["containers"][0]["command"][0] == "torchrun"
+    assert trainer["spec"]["subdomain"] == f"{job}-solver-trainer"
+    svc = get(kubectl, ns, "service", f"{job}-solver-trainer")
+    assert svc["spec"]["clusterIP"] == "None"
+    names = JobNames(namespace=ns, job=job)
+    streams = wait_for(
+        "the job's NATS streams",
+        lambda: (
+            s
+            if names.requests_stream("verifier") in (s := asyncio.run(_streams(nats_server.url)))
+            else None
+        ),
+    )
+    assert {
+        names.requests_stream("solver"),
+        names.trajectories_stream("solver"),
+        names.weights_stream("verifier"),
+        f"KV_{names.heartbeats_bucket}",
+    } <= streams
+
+
+def test_get_shows_printer_columns_and_describe_shows_conditions_and_events(
+    kubectl: Kubectl, ns: str
+) -> None:
+    apply(kubectl, ns, job_doc("cols", rollout={"replicas": 2}))
+    wait_for(
+        "job Running",
+        lambda: get(kubectl, ns, "rlj", "cols").get("status", {}).get("phase") == "Running",
+    )
+    table = kubectl("get", "rlj,pg", "-n", ns).stdout
+    assert "PHASE" in table
+    assert "POLICIES" in table
+    assert "ROLLOUTS" in table
+    line = next(x for x in table.splitlines() if x.startswith("rljob.polyrl.dev/cols"))
+    assert line.split()[1:3] == ["Running", "1/1"]
+    assert "2/2" in line
+    pg_line = next(x for x in table.splitlines() if "policygroup.polyrl.dev/cols-solver" in x)
+    assert pg_line.split()[1:6] == ["cols", "solver", "Running", "2", "2"]
+    described = kubectl("describe", "pg", "cols-solver", "-n", ns).stdout
+    assert "Observed Generation" in described
+    assert "RolloutsReady" in described
+    assert "ScaledUp" in described
+    assert "PolicyGroupCreated" in reasons(kubectl, ns, "cols")
+
+
+def test_scaling_a_group_creates_and_drains_pods(kubectl: Kubectl, ns: str) -> None:
+    apply(kubectl, ns, job_doc("scale", rollout={"replicas": 1}))
+    rollouts = SOLVER.format(job="scale", role="rollout")
+    wait_running(kubectl, ns, rollouts, 1)
+    kubectl("scale", "pg", "scale-solver", "-n", ns, "--replicas=5")
+    assert wait_running(kubectl, ns, rollouts, 5) == [f"scale-solver-rollout-{i}" for i in range(5)]
+    pg = wait_for(
+        "status.replicas 5",
+        lambda: (
+            g
+            if (g := get(kubectl, ns, "pg", "scale-solver"))["status"].get("readyReplicas") == 5
+            else None
+        ),
+    )
+    assert pg["status"]["selector"].endswith("!polyrl.dev/draining")
+    kubectl("scale", "pg", "scale-solver", "-n", ns, "--replicas=2")
+    # No worker answers in this namespace: pods go after drainTimeoutSeconds (3 s).
+    wait_for(
+        "scale-down to 2 pods", lambda: len(live(pods(kubectl, ns, rollouts))) == 2, timeout=30
+    )
+    assert running_names(kubectl, ns, rollouts) == [
+        "scale-solver-rollout-0",
+        "scale-solver-rollout-1",
+    ]
+    assert "DrainTimeout" in reasons(kubectl, ns, "scale-solver")
+
+
+def test_an_hpa_with_min_replicas_scales_a_group_through_its_scale_subresource(
+    kubectl: Kubectl, ns: str
+) -> None:
+    apply(kubectl, ns, job_doc("hpa", rollout={"replicas": 1, "maxReplicas": 10}))
+    wait_running(kubectl, ns, SOLVER.format(job="hpa", role="rollout"), 1)
+    kubectl.apply(
+        yaml.safe_dump(
+            {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": "hpa-solver", "namespace": ns},
+                "spec": {
+                    "scaleTargetRef": {
+                        "apiVersion": "polyrl.dev/v1alpha1",
+                        "kind": "PolicyGroup",
+                        "name": "hpa-solver",
+                    },
+                    "minReplicas": 3,
+                    "maxReplicas": 6,
+                    "metrics": [
+                        {
+                            "type": "Resource",
+                            "resource": {
+                                "name": "cpu",
+                                "target": {"type": "Utilization", "averageUtilization": 80},
+                            },
+                        }
+                    ],
+                },
+            }
+        )
+    )
+    wait_running(kubectl, ns, SOLVER.format(job="hpa", role="rollout"), 3, timeout=60)
+    assert get(kubectl, ns, "pg", "hpa-solver")["spec"]["rollout"]["replicas"] == 3
+
+
+def test_a_second_group_adds_capacity_in_another_region_without_a_trainer(
+    kubectl: Kubectl, ns: str
+) -> None:
+    apply(kubectl, ns, job_doc("multi", rollout={"replicas": 1}))
+    wait_running(kubectl, ns, SOLVER.format(job="multi", role="rollout"), 1)
+    apply(
+        kubectl,
+        ns,
+        {
+            "apiVersion": "polyrl.dev/v1alpha1",
+            "kind": "PolicyGroup",
+            "metadata": {"name": "remote-solver"},
+            "spec": {
+                "jobRef": "multi",
+                "policy": "solver",
+                "rollout": {
+                    "replicas": 2,
+                    "nodeSelector": {"topology.kubernetes.io/region": "remote"},
+                },
+            },
+        },
+    )
+    names = wait_running(kubectl, ns, "polyrl.dev/policy-group=remote-solver", 2)
+    for name in names:
+        pod = get(kubectl, ns, "pod", name)
+        assert pod["spec"]["nodeName"] == "polyrl-node-1"
+        assert pod["metadata"]["labels"]["polyrl.dev/role"] == "rollout"
+        config = next(
+            e["value"]
+            for e in pod["spec"]["containers"][0]["env"]
+            if e["name"] == "POLYRL_WORKER_CONFIG"
+        )
+        assert '"policy":"solver"' in config  # the same policy, so the same request queue
+    wait_for(
+        "the job counting 3 rollouts",
+        lambda: get(kubectl, ns, "rlj", "multi").get("status", {}).get("rollouts") == "3/3",
+    )
+
+
+def test_a_group_naming_a_missing_job_or_policy_gets_a_condition_and_no_pods(
+    kubectl: Kubectl, ns: str
+) -> None:
+    orphan: dict[str, Any] = {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "PolicyGroup",
+        "metadata": {"name": "orphan"},
+        "spec": {"jobRef": "nojob", "policy": "solver"},
+    }
+    apply(kubectl, ns, orphan)
+    pg = wait_condition(kubectl, ns, "pg", "orphan", "Ready", "JobNotFound")
+    assert condition(pg, "Ready") == "False"
+    apply(kubectl, ns, job_doc("real"))
+    stray = copy.deepcopy(orphan)
+    stray["metadata"]["name"] = "stray"
+    stray["spec"] = {"jobRef": "real", "policy": "critic"}
+    apply(kubectl, ns, stray)
+    wait_condition(kubectl, ns, "pg", "stray", "Ready", "PolicyNotFound")
+    assert pods(kubectl, ns, "polyrl.dev/policy-group in (orphan,stray)") == []
+
+
+def test_a_second_trainer_for_a_policy_is_refused(kubectl: Kubectl, ns: str) -> None:
+    apply(kubectl, ns, job_doc("dup"))
+    wait_running(kubectl, ns, SOLVER.format(job="dup", role="trainer"), 1)
+    apply(
+        kubectl,
+        ns,
+        {
+            "apiVersion": "polyrl.dev/v1alpha1",
+            "kind": "PolicyGroup",
+            "metadata": {"name": "dup-extra"},
+            "spec": {
+                "jobRef": "dup",
+                "policy": "solver",
+                "trainer": {},
+                "rollout": {"replicas": 1},
+            },
+        },
+    )
+    wait_condition(kubectl, ns, "pg", "dup-extra", "Ready", "DuplicateTrainer")
+    assert pods(kubectl, ns, "polyrl.dev/policy-group=dup-extra,polyrl.dev/role=trainer") == []
+
+
+def test_a_rollout_pod_deleted_by_hand_is_replaced(kubectl: Kubectl, ns: str) -> None:
+    apply(kubectl, ns, job_doc("heal", rollout={"replicas": 2}))
+    rollouts = SOLVER.format(job="heal", role="rollout")
+    wait_running(kubectl, ns, rollouts, 2)
+    old = get(kubectl, ns, "pod", "heal-solver-rollout-1")["metadata"]["uid"]
+    kubectl("delete", "pod", "heal-solver-rollout-1", "-n", ns, "--wait=false")
+    wait_for(
+        "a replacement pod",
+        lambda: (
+            (
+                p := [
+                    x
+                    for x in live(pods(kubectl, ns, rollouts))
+                    if x["metadata"]["uid"] != old and x["status"].get("phase") == "Running"
+                ]
+            )
+            and len(p) == 2
+        ),
+    )
+
+
+def test_failing_rollout_pods_are_replaced_with_growing_backoff(kubectl: Kubectl, ns: str) -> None:
+    apply(kubectl, ns, job_doc("crash"))
+    rollouts = SOLVER.format(job="crash", role="rollout")
+    wait_running(kubectl, ns, rollouts, 1)
+    for failures in (1, 2, 3):
+        fail_pod(kubectl, ns, "crash-solver-rollout-0")
+        pg = wait_for(
+            f"failure {failures} counted",
+            lambda f=failures: (  # type: ignore[misc]
+                g
+                if (g := get(kubectl, ns, "pg", "crash-solver"))["status"].get("rolloutFailures")
+                == f
+                else None
+            ),
+        )
+        assert pg["status"]["lastFailureTime"]
+        wait_running(kubectl, ns, rollouts, 1, timeout=30)
+    messages = [
+        e["message"]
+        for e in events(kubectl, ns, "crash-solver")
+        if e["reason"] == "RolloutPodFailed"
+    ]
+    assert any("after 1s backoff" in m for m in messages)
+    assert any("after 4s backoff" in m for m in messages)
+
+
+def test_a_failing_trainer_restarts_up_to_its_limit_then_the_job_fails(
+    kubectl: Kubectl, ns: str
+) -> None:
+    doc = job_doc("tr")
+    doc["spec"]["policies"][0]["trainer"] = {"restartLimit": 1}
+    apply(kubectl, ns, doc)
+    trainers = SOLVER.format(job="tr", role="trainer")
+    wait_running(kubectl, ns, trainers, 1)
+    fail_pod(kubectl, ns, "tr-solver-trainer-0")
+    pg = wait_condition(kubectl, ns, "pg", "tr-solver", "TrainerHealthy", "Restarting")
+    assert pg["status"]["trainerRestarts"] == 1
+    wait_running(kubectl, ns, trainers, 1, timeout=30)
+    fail_pod(kubectl, ns, "tr-solver-trainer-0")
+    wait_condition(kubectl, ns, "pg", "tr-solver", "TrainerHealthy", "RestartLimitExceeded")
+    job = wait_for(
+        "job Failed",
+        lambda: (
+            j
+            if (j := get(kubectl, ns, "rlj", "tr")).get("status", {}).get("phase") == "Failed"
+            else None
+        ),
+    )
+    assert condition(job, "Stopped") == "True"
+    wait_for("pods freed", lambda: live(pods(kubectl, ns, "polyrl.dev/job=tr")) == [])
+
+
+def test_editing_the_image_rolls_out_to_every_pod(kubectl: Kubectl, ns: str) -> None:
+    doc = job_doc("roll", rollout={"replicas": 2}, image="worker:1")
+    apply(kubectl, ns, doc)
+    wait_running(kubectl, ns, "polyrl.dev/job=roll", 4)  # trainer, 2 rollouts, workflow
+    doc["spec"]["image"] = "worker:2"
+    apply(kubectl, ns, doc)
+
+    def images() -> set[str] | None:
+        found = {
+            p["spec"]["containers"][0]["image"]
+            for p in live(pods(kubectl, ns, "polyrl.dev/job=roll"))
+            if p["status"].get("phase") == "Running"
+        }
+        running = running_names(kubectl, ns, "polyrl.dev/job=roll")
+        return found if found == {"worker:2"} and len(running) == 4 else None
+
+    wait_for("every pod on worker:2", images, timeout=60)
+
+
+def test_editing_the_jobs_rollout_replicas_warns_and_keeps_the_scaled_group(
+    kubectl: Kubectl, ns: str
+) -> None:
+    doc = job_doc("seed", rollout={"replicas": 1})
+    apply(kubectl, ns, doc)
+    wait_running(kubectl, ns, SOLVER.format(job="seed", role="rollout"), 1)
+    kubectl("scale", "pg", "seed-solver", "-n", ns, "--replicas=3")
+    wait_running(kubectl, ns, SOLVER.format(job="seed", role="rollout"), 3)
+    doc["spec"]["policies"][0]["rollout"]["replicas"] = 2
+    apply(kubectl, ns, doc)
+    wait_for(
+        "a RolloutReplicasIgnored warning",
+        lambda: "RolloutReplicasIgnored" in reasons(kubectl, ns, "seed"),
+    )
+    assert get(kubectl, ns, "pg", "seed-solver")["spec"]["rollout"]["replicas"] == 3
+
+
+def test_deleting_a_job_removes_its_children_and_its_streams(
+    kubectl: Kubectl, ns: str, nats_server: NatsServer
+) -> None:
+    apply(kubectl, ns, job_doc("gone"))
+    wait_running(kubectl, ns, "polyrl.dev/job=gone", 3)
+    names = JobNames(namespace=ns, job="gone")
+    wait_for(
+        "streams", lambda: names.requests_stream("solver") in asyncio.run(_streams(nats_server.url))
+    )
+    kubectl("delete", "rlj", "gone", "-n", ns, "--timeout=60s")
+    wait_for(
+        "children garbage-collected",
+        lambda: (
+            not kubectl.json("get", "pg,pods,svc", "-n", ns, "-l", "polyrl.dev/job=gone")["items"]
+            and not live(pods(kubectl, ns, "polyrl.dev/job=gone"))
+        ),
+        timeout=60,
+    )
+    left = {s for s in asyncio.run(_streams(nats_server.url)) if f"-{ns}-gone-" in s}
+    assert left == set()
+
+
+def test_a_job_whose_nats_is_unreachable_gets_a_condition_and_still_deletes(
+    kubectl: Kubectl, ns: str
+) -> None:
+    apply(kubectl, ns, job_doc("offline", nats={"url": "nats://127.0.0.1:1"}))
+    job = wait_condition(kubectl, ns, "rlj", "offline", "NatsReady", "NatsUnreachable")
+    assert condition(job, "NatsReady") == "False"
+    kubectl("delete", "rlj", "offline", "-n", ns, "--timeout=60s")
+    assert "NatsCleanupFailed" in reasons(kubectl, ns, "offline")
+
+
+def test_restarting_the_operator_creates_no_duplicates_and_keeps_status(
+    kubectl: Kubectl, ns: str, operator: OperatorProcess
+) -> None:
+    apply(kubectl, ns, job_doc("steady", rollout={"replicas": 3}))
+    before = wait_running(kubectl, ns, "polyrl.dev/job=steady", 5)
+    uids = {p["metadata"]["uid"] for p in pods(kubectl, ns, "polyrl.dev/job=steady")}
+    status = get(kubectl, ns, "rlj", "steady")["status"]
+    operator.restart()
+    kubectl("scale", "pg", "steady-solver", "-n", ns, "--replicas=4")
+    wait_running(kubectl, ns, "polyrl.dev/job=steady", 6)
+    after = {p["metadata"]["uid"] for p in pods(kubectl, ns, "polyrl.dev/job=steady")}
+    assert uids < after  # nothing replaced, one added
+    assert len(before) == 5
+    assert get(kubectl, ns, "rlj", "steady")["status"]["phase"] == status["phase"]
+
+
+def test_suspend_frees_every_pod_and_resume_brings_them_back(kubectl: Kubectl, ns: str) -> None:
+    doc = job_doc("nap")
+    apply(kubectl, ns, doc)
+    wait_running(kubectl, ns, "polyrl.dev/job=nap", 3)
+    doc["spec"]["suspend"] = True
+    apply(kubectl, ns, doc)
+    wait_for("pods freed", lambda: live(pods(kubectl, ns, "polyrl.dev/job=nap")) == [])
+    assert get(kubectl, ns, "rlj", "nap")["status"]["phase"] == "Suspended"
+    doc["spec"]["suspend"] = False
+    apply(kubectl, ns, doc)
+    wait_running(kubectl, ns, "polyrl.dev/job=nap", 3)
+
+
+def test_unschedulable_rollouts_become_a_condition(kubectl: Kubectl, ns: str) -> None:
+    apply(kubectl, ns, job_doc("nowhere", rollout={"nodeSelector": {"gpu": "h200"}}))
+    pg = wait_condition(kubectl, ns, "pg", "nowhere-solver", "RolloutsReady", "Unschedulable")
+    assert condition(pg, "RolloutsReady") == "False"
+
+
+@pytest.mark.slow
+def test_stop_steps_ends_the_job_and_frees_its_pods(kubectl: Kubectl, exec_ns: str) -> None:
+    apply(kubectl, exec_ns, job_doc("short", stop={"steps": 6}))
+    job = wait_for(
+        "job Succeeded",
+        lambda: (
+            j
+            if (j := get(kubectl, exec_ns, "rlj", "short")).get("status", {}).get("phase")
+            == "Succeeded"
+            else None
+        ),
+        timeout=90,
+    )
+    assert job["status"]["step"] >= 6
+    assert job["status"]["completionTime"]
+    assert condition(job, "Stopped") == "True"
+    wait_for(
+        "pods freed", lambda: live(pods(kubectl, exec_ns, "polyrl.dev/job=short")) == [], timeout=60
+    )
+    assert get(kubectl, exec_ns, "rlj", "short")["status"]["phase"] == "Succeeded"
