@@ -81,6 +81,47 @@ def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_crds)
 
 
+# Each benchmark is a module with `run(*, quick: bool) -> dict[str, Any]` returning measured
+# figures (ratios against a baseline measured in the same run, since machines are noisy).
+BENCHMARKS = {
+    "operator": "polyrl.operator.bench",
+    "delta": "polyrl.workers.deltas.bench",
+}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import importlib
+    import json
+
+    try:
+        module = importlib.import_module(BENCHMARKS[args.what])
+    except ModuleNotFoundError as err:
+        print(f"polyrl bench {args.what}: unavailable ({err}); install polyrl[train]?",
+              file=sys.stderr)
+        return EXIT_USAGE
+    figures = module.run(quick=args.quick)
+    if args.json:
+        print(json.dumps(figures, sort_keys=True))
+    else:
+        width = max(len(k) for k in figures)
+        for key, value in figures.items():
+            print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark and print its measured figures",
+        description="Benchmarks measure against a baseline in the same run and report ratios. "
+        "Results are recorded in docs/benchmarks.md.",
+    )
+    p.add_argument("what", choices=sorted(BENCHMARKS), help="what to measure")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    p.set_defaults(func=_bench)
+
+
 def _add_operator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "operator",
@@ -101,6 +142,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     _add_run,
     _add_crds,
     _add_operator,
+    _add_bench,
 ]
 
 
