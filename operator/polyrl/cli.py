@@ -96,8 +96,10 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(BENCHMARKS[args.what])
     except ModuleNotFoundError as err:
-        print(f"polyrl bench {args.what}: unavailable ({err}); install polyrl[train]?",
-              file=sys.stderr)
+        print(
+            f"polyrl bench {args.what}: unavailable ({err}); install polyrl[train]?",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     figures = module.run(quick=args.quick)
     if args.json:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -447,3 +450,60 @@ def test_stop_steps_ends_the_job_and_frees_its_pods(kubectl: Kubectl, exec_ns: s
         "pods freed", lambda: live(pods(kubectl, exec_ns, "polyrl.dev/job=short")) == [], timeout=60
     )
     assert get(kubectl, exec_ns, "rlj", "short")["status"]["phase"] == "Succeeded"
+
+
+def test_an_image_pull_error_on_a_rollout_pod_becomes_a_condition(
+    kubectl: Kubectl, ns: str
+) -> None:
+    apply(kubectl, ns, job_doc("badimg"))
+    wait_running(kubectl, ns, SOLVER.format(job="badimg", role="rollout"), 1)
+    waiting = {
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "rollout",
+                    "image": "nope:1",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {
+                        "waiting": {"reason": "ErrImagePull", "message": "pull access denied"}
+                    },
+                }
+            ]
+        }
+    }
+    kubectl(
+        "patch",
+        "pod",
+        "badimg-solver-rollout-0",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        json.dumps(waiting),
+    )
+    pg = wait_condition(kubectl, ns, "pg", "badimg-solver", "RolloutsReady", "ErrImagePull")
+    cond = next(c for c in pg["status"]["conditions"] if c["type"] == "RolloutsReady")
+    assert cond["message"] == "pull access denied"
+
+
+@pytest.mark.slow
+def test_a_second_operator_pauses_instead_of_fighting(
+    kubectl: Kubectl, ns: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    second = OperatorProcess(operator.kubeconfig, operator.nats_url, tmp_path)
+    second.start()
+    try:
+        wait_for(
+            "the second operator to pause",
+            lambda: "Pausing all operators" in second.log(),
+            timeout=30,
+        )
+        apply(kubectl, ns, job_doc("paused"))
+        time.sleep(3)
+        assert kubectl.json("get", "pg", "-n", ns)["items"] == []  # nobody acts while paused
+    finally:
+        second.stop()
+    wait_running(kubectl, ns, "polyrl.dev/job=paused", 3, timeout=60)  # the first resumes
