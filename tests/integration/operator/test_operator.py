@@ -496,9 +496,10 @@ def test_a_second_operator_pauses_instead_of_fighting(
     second = OperatorProcess(operator.kubeconfig, operator.nats_url, tmp_path)
     second.start()
     try:
+        conflict = "Possibly conflicting operators with the same priority"
         wait_for(
-            "the second operator to pause",
-            lambda: "Pausing all operators" in second.log(),
+            "the operators to see each other and pause",
+            lambda: conflict in second.log() and "Pausing all operators" in operator.log(),
             timeout=30,
         )
         apply(kubectl, ns, job_doc("paused"))
