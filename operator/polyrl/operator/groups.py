@@ -200,8 +200,10 @@ async def _trainer(p: Pass, policy: PolicySpec, launches: list[WorkerLaunch]) ->
     assert trainer is not None
     await p.ctx.kube.ensure_service(render.trainer_service(p.group, owner=_owner(p)))
     rendered = {x.name: _render(p, x) for x in launches}
-    failed = [x for x in pods if x.phase == "Failed"]
-    if failed:
+    failed = [x for x in pods if x.phase == "Failed" and not x.deleting]
+    if any(x.deleting for x in pods):
+        pass  # a gang restart or update is under way: wait until the old pods are gone
+    elif failed:
         await _restart_trainer(p, pods, failed, trainer.restart_limit)
     elif pods and all(x.phase == "Succeeded" for x in pods):
         p.condition("TrainerHealthy", True, "Completed", "the trainer finished")

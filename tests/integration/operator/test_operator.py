@@ -310,8 +310,11 @@ def test_a_failing_trainer_restarts_up_to_its_limit_then_the_job_fails(
     trainers = SOLVER.format(job="tr", role="trainer")
     wait_running(kubectl, ns, trainers, 1)
     fail_pod(kubectl, ns, "tr-solver-trainer-0")
-    pg = wait_condition(kubectl, ns, "pg", "tr-solver", "TrainerHealthy", "Restarting")
-    assert pg["status"]["trainerRestarts"] == 1
+    wait_for(
+        "one trainer restart",
+        lambda: get(kubectl, ns, "pg", "tr-solver")["status"].get("trainerRestarts") == 1,
+    )
+    assert "TrainerRestarted" in reasons(kubectl, ns, "tr-solver")
     wait_running(kubectl, ns, trainers, 1, timeout=30)
     fail_pod(kubectl, ns, "tr-solver-trainer-0")
     wait_condition(kubectl, ns, "pg", "tr-solver", "TrainerHealthy", "RestartLimitExceeded")
