@@ -1,0 +1,135 @@
+"""What every worker process shares: its config, its NATS connection, heartbeats, signals.
+
+A worker takes every input from its environment (DESIGN §3): the config document in
+POLYRL_WORKER_CONFIG, its name in POLYRL_POD_NAME, NATS credentials in POLYRL_NATS_TOKEN or
+POLYRL_NATS_CREDS (from a Secret, never logged). SIGTERM and SIGINT set `stopping`, so a
+worker finishes or hands back what it holds before it exits. Malformed messages are
+dead-lettered with the reason and counted; they never crash a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from polyrl.api import natsconfig
+from polyrl.api.launch import CONFIG_ENV, POD_NAME_ENV, WorkerConfig
+from polyrl.api.messages import Heartbeat, WorkerState
+from polyrl.api.naming import JobNames
+from polyrl.api.wire import DeadLetter
+
+log = logging.getLogger("polyrl.worker")
+HEARTBEAT_SECONDS = 2.0
+MAX_DEAD_LETTER_BYTES = 64 * 1024
+
+
+class ConfigError(RuntimeError):
+    """The worker's environment does not describe a runnable worker."""
+
+
+def load_config(env: dict[str, str] | None = None) -> tuple[WorkerConfig, str]:
+    env = dict(os.environ if env is None else env)
+    raw = env.get(CONFIG_ENV)
+    if not raw:
+        raise ConfigError(f"{CONFIG_ENV} is not set: a worker needs its config document")
+    try:
+        config = WorkerConfig.model_validate_json(raw)
+    except ValueError as err:
+        raise ConfigError(f"{CONFIG_ENV} is not a valid worker config: {err}") from None
+    pod = env.get(POD_NAME_ENV) or f"{socket.gethostname()}-{config.role}-{config.replica}"
+    return config, pod
+
+
+def _credentials() -> dict[str, Any]:
+    if token := os.environ.get("POLYRL_NATS_TOKEN"):
+        return {"token": token}
+    if creds := os.environ.get("POLYRL_NATS_CREDS"):
+        fd, path = tempfile.mkstemp(prefix="polyrl-", suffix=".creds")
+        with os.fdopen(fd, "w") as out:
+            out.write(creds)
+        return {"user_credentials": path}
+    return {}
+
+
+@dataclass
+class Runtime:
+    """A connected worker: config, NATS, the job's names, its heartbeat and stop flag."""
+
+    config: WorkerConfig
+    pod: str
+    nc: NatsClient
+    js: JetStreamContext
+    names: JobNames
+    kv: KeyValue
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    state: WorkerState = WorkerState.STARTING
+    figures: dict[str, Any] = field(default_factory=dict)
+    dead_letters: int = 0
+
+    @classmethod
+    async def connect(cls, config: WorkerConfig, pod: str, *, timeout: float = 10.0) -> Runtime:
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(config.nats_url, max_reconnect_attempts=-1, **_credentials()),
+                timeout=timeout,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as err:
+            raise ConfigError(
+                f"cannot reach NATS at {config.nats_url}: {type(err).__name__}"
+            ) from None
+        js = nc.jetstream()
+        names = JobNames(namespace=config.namespace, job=config.job)
+        await natsconfig.ensure(js, names, [p.name for p in config.spec.policies])
+        kv = await js.key_value(names.heartbeats_bucket)
+        return cls(config=config, pod=pod, nc=nc, js=js, names=names, kv=kv)
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+
+    async def heartbeat_forever(self) -> None:
+        key = JobNames.heartbeat_key(self.config.policy, str(self.config.role), self.pod)
+        while True:
+            beat = Heartbeat(
+                pod=self.pod,
+                role=str(self.config.role),
+                policy=self.config.policy,
+                state=self.state,
+                at=time.time(),
+                **self.figures,
+            )
+            with contextlib.suppress(Exception):  # NATS may be reconnecting; try next beat
+                await self.kv.put(key, beat.model_dump_json().encode())
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    async def dead_letter(self, subject: str, data: bytes, error: str) -> None:
+        """Keep a message we cannot use, with why, on the job's dead-letter stream."""
+        self.dead_letters += 1
+        letter = DeadLetter(
+            subject=subject,
+            worker=self.pod,
+            error=error[:2000],
+            data=data[:MAX_DEAD_LETTER_BYTES].decode(errors="replace"),
+            at=time.time(),
+        )
+        log.warning("dead-lettered a message on %s: %s", subject, error[:200])
+        with contextlib.suppress(Exception):
+            await self.js.publish(self.names.dead_letter_subject, letter.model_dump_json().encode())
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
