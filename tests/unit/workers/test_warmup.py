@@ -1,0 +1,80 @@
+"""Supervised warm-up: loss on answers only, batched greedy decoding, and that it really teaches."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from polyrl.workers import model as tiny
+from polyrl.workers import warmup
+from polyrl.workers.tasks import arithmetic, base
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    # Tiny matrices on a shared machine: a second thread only contends (measured: 20x slower).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def problems(*pairs: tuple[str, str]) -> list[base.Problem]:
+    return [base.Problem(prompt=p, answer=a, id=base.problem_id("t", p)) for p, a in pairs]
+
+
+def test_teacher_forcing_scores_only_the_answer_and_eos() -> None:
+    _, tokenizer = tiny.create_tiny_llama("warmup")
+    batch = warmup.teacher_forcing_batch(tokenizer, problems(("1+2=", "3"), ("12+35=", "47")))
+    eos, pad, ignore = tokenizer.eos_token_id, tokenizer.pad_token_id, warmup.IGNORE
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    assert batch["input_ids"][0].tolist() == [1, *ids("1+2=3"), eos, pad, pad, pad]
+    assert batch["labels"][0].tolist() == [ignore] * 5 + [*ids("3"), eos] + [ignore] * 3
+    assert batch["labels"][1].tolist() == [ignore] * 7 + [*ids("47"), eos]
+    assert batch["attention_mask"].tolist() == [[1] * 7 + [0] * 3, [1] * 10]
+
+
+def test_batched_greedy_decoding_matches_one_prompt_at_a_time() -> None:
+    model, tokenizer = tiny.create_tiny_llama("warmup")
+    prompts = ["1+2=", "12+35=", "3,5,7 to 22:"]
+    batched = warmup.greedy_completions(model, tokenizer, prompts, 6)
+    alone = [warmup.greedy_completions(model, tokenizer, [p], 6)[0] for p in prompts]
+    assert batched == alone
+
+
+def test_greedy_accuracy_uses_the_given_reward() -> None:
+    model, tokenizer = tiny.create_tiny_llama("warmup")
+    batch = problems(("1+2=", "3"), ("2+2=", "4"))
+    assert warmup.greedy_accuracy(model, tokenizer, batch, max_new_tokens=3) == 0.0
+    always = warmup.greedy_accuracy(
+        model, tokenizer, batch, max_new_tokens=3, reward=lambda p, c: 1.0, batch_size=1
+    )
+    assert always == 1.0
+
+
+@pytest.mark.slow
+def test_warmup_raises_greedy_accuracy_on_one_digit_addition() -> None:
+    model, tokenizer = tiny.create_tiny_llama("warmup")
+    task = arithmetic.make({"digits": 1}, held_out=10, seed=0)
+    rng = random.Random(0)
+    training = list({p.id: p for p in (task.sample(rng) for _ in range(2000))}.values())
+    assert len(training) == 90
+    before = warmup.greedy_accuracy(model, tokenizer, training, max_new_tokens=4)
+    started = time.perf_counter()
+    stats = warmup.supervised_warmup(
+        model, tokenizer, task, steps=150, batch_size=32, lr=3e-3, seed=0
+    )
+    after = warmup.greedy_accuracy(model, tokenizer, training, max_new_tokens=4)
+    print(
+        f"warm-up: accuracy {before:.2f} -> {after:.2f}, {stats}, {time.perf_counter() - started:.1f}s"
+    )
+    assert stats["final_loss"] < stats["initial_loss"] / 4
+    assert after >= before + 0.3
+    assert not model.training

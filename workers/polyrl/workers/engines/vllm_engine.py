@@ -1,0 +1,176 @@
+"""EXPERIMENTAL: the `Engine` interface over vLLM's offline `LLM`, for throughput on GPUs.
+
+vLLM is an optional extra (`polyrl[vllm]`), never installed by CI, and is imported only when a
+`VllmEngine` is built, so nothing else in the workers needs it. The adapter has been written
+against vLLM's public offline API and has not been run here; what it relies on is listed below so
+whoever runs it first knows what to check (the engine contract tests do, when vLLM is present).
+
+Assumptions, each a vLLM behaviour this file depends on (vLLM >= 0.10.2, V1 engine):
+
+1. `LLM(model=dir, dtype=..., enforce_eager=..., skip_tokenizer_init=True,
+   logprobs_mode="processed_logprobs", max_num_seqs=...)` loads a transformers checkpoint
+   directory without a tokenizer; prompts go in as `{"prompt_token_ids": ids}`.
+2. `SamplingParams(logprobs=0, detokenize=False, ignore_eos=True, ...)` returns, per generated
+   token, a mapping from the sampled token id to an object with `.logprob`; with
+   `logprobs_mode="processed_logprobs"` that is the log-prob after temperature and top-p
+   (the default, "raw_logprobs", is the model's distribution before temperature, which would be
+   the wrong behaviour policy for the trainer). For greedy requests vLLM applies no temperature,
+   so log-probs are at temperature 1, as `base` specifies.
+3. A token in `stop_token_ids` ends the sequence with `finish_reason == "stop"` and is kept in
+   `outputs[0].token_ids`; `ignore_eos=True` keeps the model's own EOS from ending sequences,
+   since `base.SamplingParams` names every stop token explicitly.
+4. Per-request `seed` makes a request reproducible independently of its batch; each prompt gets
+   its own seed derived from the call's, so identical prompts in a batch (a GRPO group) differ.
+5. `LLM.apply_model(fn)` runs `fn(model)` on the worker's `nn.Module`, whose
+   `load_weights(iterable of (hf_name, tensor))` maps transformers names onto vLLM's fused
+   parameters (qkv, gate_up) and copies in place. With `VLLM_ENABLE_V1_MULTIPROCESSING=0`
+   (set here unless already set) the engine core runs in this process, so the closure and its
+   tensors are passed by reference; with multiprocessing on, vLLM pickles them, which needs
+   `VLLM_ALLOW_INSECURE_SERIALIZATION=1` and copies the whole state through a pipe.
+6. `LLM.reset_prefix_cache()` drops cached KV blocks, which were computed with the old weights.
+
+Because vLLM's parameters are fused and on the GPU, `weights()` is a host copy under the
+trainer's names (`weights_are_live` is False): the worker patches it and pushes it with
+`load_weights(engine.weights())`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from polyrl.workers.engines import base
+from polyrl.workers.engines.base import Generation, SamplingParams
+
+MIN_VERSION = (0, 10, 2)  # `logprobs_mode` (assumption 2)
+_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: distinct per-prompt seeds from one seed
+
+
+class VllmEngine:
+    """vLLM offline inference behind `base.Engine`; see the module docstring for assumptions.
+
+    `model` is a transformers model (saved to a scratch directory for vLLM to load) or a
+    checkpoint directory. vLLM places the model on the GPU the process is given
+    (`CUDA_VISIBLE_DEVICES`); `device` is only reported. `llm_kwargs` go to `vllm.LLM` as they
+    are (`max_model_len`, `gpu_memory_utilization`, ...).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel | str | os.PathLike[str],
+        *,
+        device: str = "cuda",
+        max_batch_size: int = 32,
+        dtype: str = "auto",
+        enforce_eager: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
+        vllm = _import_vllm()
+        self._vllm = vllm
+        self.device = device
+        self.version = 0
+        self.weights_are_live = False
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # assumption 5
+        with tempfile.TemporaryDirectory(prefix="polyrl-vllm-") as scratch:
+            directory, self._host = _checkpoint(model, Path(scratch))
+            config = json.loads((directory / "config.json").read_text())
+            self._vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+            self._llm = vllm.LLM(
+                model=str(directory),
+                dtype=dtype,
+                enforce_eager=enforce_eager,
+                skip_tokenizer_init=True,
+                logprobs_mode="processed_logprobs",
+                max_num_seqs=max_batch_size,
+                **llm_kwargs,
+            )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        base.check_prompts(prompts, self._vocab_size)
+        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
+        sampling = [self._sampling_params(params, i) for i in range(len(prompts))]
+        outputs = self._llm.generate(requests, sampling, use_tqdm=False)
+        return [_generation(output.outputs[0]) for output in outputs]
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self._host
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        base.check_state(self._host, state)
+        with torch.no_grad():
+            for name, tensor in state.items():
+                if tensor.data_ptr() != self._host[name].data_ptr():
+                    self._host[name].copy_(tensor)
+        items = list(self._host.items())
+        self._llm.apply_model(lambda module: module.load_weights(iter(items)))
+        self._llm.reset_prefix_cache()
+
+    def _sampling_params(self, params: SamplingParams, index: int) -> Any:
+        seed = None if params.seed is None else (params.seed * _SEED_MIX + index) % 2**63
+        return self._vllm.SamplingParams(
+            n=1,
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            stop_token_ids=list(params.stop_token_ids),
+            seed=seed,
+            logprobs=0,
+            detokenize=False,
+            ignore_eos=True,
+        )
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as error:
+        raise base.EngineUnavailable(
+            "the vllm engine needs vLLM, which is not installed here "
+            "(it is the optional extra polyrl[vllm], GPU only); use engine: torch instead"
+        ) from error
+    release = re.match(r"(\d+)\.(\d+)\.(\d+)", vllm.__version__)
+    if release is None or tuple(map(int, release.groups())) < MIN_VERSION:
+        raise base.EngineUnavailable(
+            f"vLLM {vllm.__version__} is too old: {'.'.join(map(str, MIN_VERSION))} or later is "
+            "needed for logprobs_mode (log-probs after temperature)"
+        )
+    return vllm
+
+
+def _checkpoint(
+    model: PreTrainedModel | str | os.PathLike[str], scratch: Path
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A directory vLLM can load, and the host copy of its weights under transformers names."""
+    if isinstance(model, PreTrainedModel):
+        model.save_pretrained(scratch)
+        return scratch, base.host_copy(model.state_dict())
+    from safetensors.torch import load_file
+
+    directory = Path(model)
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        state.update(load_file(shard))
+    if not state:
+        raise ValueError(f"{directory} holds no *.safetensors weights")
+    return directory, state
+
+
+def _generation(completion: Any) -> Generation:
+    tokens = [int(token) for token in completion.token_ids]
+    if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+        raise RuntimeError("vLLM returned no log-prob for some tokens (assumption 2)")
+    logprobs = [
+        float(step[token].logprob) for step, token in zip(completion.logprobs, tokens, strict=True)
+    ]
+    if completion.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a sequence with {completion.finish_reason!r}")
+    reason: base.FinishReason = completion.finish_reason
+    return Generation(tokens, logprobs, reason)

@@ -1,0 +1,169 @@
+"""Where a policy's initial weights come from: a tiny local Llama, or a Hugging Face directory.
+
+Tests, the quick start and CPU-only runs need real Llama-architecture models without a model hub
+(DESIGN §6): `tiny-llama://<name>` builds one from a small config and the character tokenizer.
+Its initial weights are a pure function of the name (the seed is a stable hash of it), so a
+trainer, a test and a restarted pod that ask for the same name start from the same model; and it
+is written once under `cache_dir/<name>/` as an ordinary HF directory, so later calls load it
+rather than re-create it and do not depend on the library initialising weights the same way
+from one version to the next.
+
+The cache holds float32 weights whatever dtype is asked for: the dtype is a loading choice, so
+one cached model serves a float32 trainer and bfloat16 rollout workers, and every one of them
+sees the same rounding of the same initial weights.
+
+Any other path is a local HF directory (config, tokenizer, safetensors), loaded offline. A
+`pvc://<claim>/<path>` source is not resolved here: the pod spec mounts the claim and the caller
+turns the URI into the mounted path before calling `make_model`, because only the caller knows
+where it was mounted.
+
+`export` writes the reverse: an HF directory that `AutoModelForCausalLM` and `AutoTokenizer`
+load, for `polyrl export` and for handing a trained policy to other tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from polyrl.api.resources import ModelSource
+from polyrl.workers import tokenizer as char_tokenizer
+
+TINY_SCHEME = "tiny-llama://"
+_UNRESOLVED_SCHEMES = ("pvc://", "hf://", "s3://", "gs://", "http://", "https://")
+# A name becomes a directory under the cache: no separators, no "..", nothing to escape.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def tiny_llama_config(
+    vocab_size: int,
+    *,
+    hidden: int = 96,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    intermediate: int = 256,
+    max_positions: int = 128,
+) -> LlamaConfig:
+    """A Llama config of about 0.45M parameters with the defaults and the character vocabulary.
+
+    Tied embeddings keep the vocabulary's cost to one matrix; the special-token ids are the
+    character tokenizer's, so `generate` pads and stops correctly without further setup.
+    """
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads if kv_heads is not None else heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=char_tokenizer.PAD_ID,
+        bos_token_id=char_tokenizer.BOS_ID,
+        eos_token_id=char_tokenizer.EOS_ID,
+    )
+
+
+def seed_for(name: str) -> int:
+    """A seed from the name that is the same in every process (unlike `hash`, which is salted)."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def make_model(
+    source: ModelSource, *, cache_dir: Path
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer `source` names, in `source.dtype`.
+
+    A `tiny-llama://` model is a `LlamaForCausalLM`; a local directory may hold any causal-LM
+    architecture transformers knows, so the return type is the general one.
+    """
+    dtype = _DTYPES[source.dtype]
+    if source.path.startswith(TINY_SCHEME):
+        if source.tokenizer is not None:
+            raise ValueError(
+                f"model {source.path!r}: a tiny-llama model always uses the character "
+                f"tokenizer; remove tokenizer {source.tokenizer!r}"
+            )
+        directory = ensure_tiny_llama(source.path.removeprefix(TINY_SCHEME), cache_dir)
+        return load_directory(directory, dtype=dtype)
+    if source.path.startswith(_UNRESOLVED_SCHEMES):
+        raise ValueError(
+            f"model path {source.path!r} must be resolved to a local directory by the caller "
+            "(e.g. the mount point of its PersistentVolumeClaim)"
+        )
+    tokenizer_dir = Path(source.tokenizer) if source.tokenizer is not None else None
+    return load_directory(Path(source.path), dtype=dtype, tokenizer_dir=tokenizer_dir)
+
+
+def create_tiny_llama(name: str) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+    """A freshly initialised float32 tiny Llama whose weights depend only on `name`."""
+    tokenizer = char_tokenizer.build_tokenizer()
+    config = tiny_llama_config(len(tokenizer))
+    # Fork the RNG so that building a model leaves the caller's random state untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_for(name))
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.train(False)
+    return model, tokenizer
+
+
+def ensure_tiny_llama(name: str, cache_dir: Path) -> Path:
+    """The cached directory of `tiny-llama://<name>`, creating it on first use."""
+    if not _NAME.match(name):
+        raise ValueError(
+            f"tiny-llama name {name!r} must be 1-100 of [A-Za-z0-9._-], starting alphanumeric"
+        )
+    target = cache_dir / name
+    if (target / "config.json").exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename into place: processes sharing the cache (trainer
+    # ranks, a test and its workers) never see a half-written directory.
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir))
+    try:
+        model, tokenizer = create_tiny_llama(name)
+        export(model, tokenizer, staging)
+        os.rename(staging, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        # Another process renamed its copy first; both copies are identical.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_directory(
+    directory: Path, *, dtype: torch.dtype, tokenizer_dir: Path | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model and tokenizer from local HF directories, without touching the network."""
+    if not directory.is_dir():
+        raise ValueError(f"model path {str(directory)!r} is not a directory")
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or directory, local_files_only=True)
+    model.train(False)
+    return model, tokenizer
+
+
+def export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+    """Write an HF directory (config.json, tokenizer files, model.safetensors) into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
