@@ -124,6 +124,14 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_bench)
 
 
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser(
+        "worker",
+        help="run a rollout or workflow worker (what worker pods run; config from env)",
+        add_help=False,
+    )
+
+
 def _add_operator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "operator",
@@ -144,6 +152,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     _add_run,
     _add_crds,
     _add_operator,
+    _add_worker,
     _add_bench,
 ]
 
@@ -167,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         from polyrl.operator import run as operator_run
 
         return operator_run.main(argv[1:])
+    if argv[:1] == ["worker"]:  # likewise the workers (they need the train extra)
+        from polyrl.workers import main as worker_main
+
+        return worker_main.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:

@@ -22,6 +22,7 @@ class Wakers:
     events: dict[tuple[str, str, str], asyncio.Event] = field(
         default_factory=lambda: defaultdict(asyncio.Event)
     )
+    pod_groups: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def event(self, kind: str, namespace: str, name: str) -> asyncio.Event:
         return self.events[(kind, namespace, name)]
@@ -34,6 +35,18 @@ class Wakers:
             return
         if (kind, namespace, name) in self.events:
             self.events[(kind, namespace, name)].set()
+
+    def remember_pod(self, namespace: str, pod: str, group: str, *, gone: bool = False) -> None:
+        """Which group a pod belongs to, so NATS news about a pod wakes its group."""
+        if gone:
+            self.pod_groups.pop((namespace, pod), None)
+        else:
+            self.pod_groups[(namespace, pod)] = group
+
+    def wake_pod(self, namespace: str, pod: str) -> None:
+        group = self.pod_groups.get((namespace, pod))
+        if group is not None:
+            self.wake("group", namespace, group)
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self.events.pop((kind, namespace, name), None)

@@ -41,6 +41,7 @@ class Pass:
     leaving: set[str] = field(default_factory=set)  # pods drained or deleted this pass
     created: int = 0
     blocked: bool = False  # this pass found the group unable to run (reason in Ready)
+    has_service: bool = False  # the trainer's headless Service exists (from the index)
 
     @property
     def name(self) -> str:
@@ -81,11 +82,18 @@ async def reconcile(
     body: Mapping[str, Any],
     pods: Sequence[PodInfo],
     job_body: Mapping[str, Any] | None,
+    *,
+    has_service: bool = False,
 ) -> None:
     started = time.monotonic()
     group = load(body)
     p = Pass(
-        ctx=ctx, body=body, group=group, pods=list(pods), status=group.status.model_copy(deep=True)
+        ctx=ctx,
+        body=body,
+        group=group,
+        pods=list(pods),
+        status=group.status.model_copy(deep=True),
+        has_service=has_service,
     )
     await _run(p, job_body)
     await _finish(p)
@@ -198,7 +206,8 @@ async def _trainer(p: Pass, policy: PolicySpec, launches: list[WorkerLaunch]) ->
         return
     trainer = p.group.spec.trainer
     assert trainer is not None
-    await p.ctx.kube.ensure_service(render.trainer_service(p.group, owner=_owner(p)))
+    if not p.has_service:
+        await p.ctx.kube.ensure_service(render.trainer_service(p.group, owner=_owner(p)))
     rendered = {x.name: _render(p, x) for x in launches}
     failed = [x for x in pods if x.phase == "Failed" and not x.deleting]
     if any(x.deleting for x in pods):

@@ -36,11 +36,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     settings.posting.enabled = False  # we post our own events, one per transition
     settings.watching.server_timeout = 300
-    settings.watching.label_selectors["v1", "pods"] = f"{naming.L_MANAGED_BY}={naming.MANAGED_BY}"
+    managed = f"{naming.L_MANAGED_BY}={naming.MANAGED_BY}"
+    settings.watching.label_selectors["v1", "pods"] = managed
+    settings.watching.label_selectors["v1", "services"] = managed
     config = OperatorSettings.from_env()
     wakers = Wakers()
     client = kube.Kube(kube.load_client())
-    hub = NatsHub(client, config, lambda ns, name: wakers.wake("group", ns, name))
+    hub = NatsHub(client, config, wakers.wake_pod)
     memo.ctx = Context(kube=client, hub=hub, settings=config, wakers=wakers)
 
 
@@ -55,6 +57,11 @@ def pods_index(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -
     return {(namespace, owner): podinfo.from_body(body)}
 
 
+@kopf.index("v1", "services", labels=MANAGED)
+def services_index(namespace: str, name: str, **_: Any) -> Any:
+    return {(namespace, name): True}
+
+
 @kopf.index(*GROUPS)
 def groups_index(body: kopf.Body, namespace: str, spec: kopf.Spec, **_: Any) -> Any:
     return {(namespace, spec.get("jobRef")): dict(body)}
@@ -66,11 +73,19 @@ def jobs_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> Any:
 
 
 @kopf.on.event("v1", "pods", labels=MANAGED)
-def pod_event(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+def pod_event(
+    memo: kopf.Memo, namespace: str, name: str, labels: kopf.Labels, type: str, **_: Any
+) -> None:
     wakers: Wakers = memo.ctx.wakers
     if labels.get(naming.L_GROUP):
+        wakers.remember_pod(namespace, name, labels[naming.L_GROUP], gone=type == "DELETED")
         wakers.wake("group", namespace, labels[naming.L_GROUP])
     wakers.wake("job", namespace, labels.get(naming.L_JOB, ""))
+
+
+@kopf.on.event("v1", "services", labels=MANAGED)
+def service_event(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+    memo.ctx.wakers.wake("group", namespace, labels.get(naming.L_GROUP, ""))
 
 
 @kopf.on.event(*GROUPS)
@@ -111,6 +126,7 @@ async def group_loop(
     name: str,
     pods_index: kopf.Index[Any, Any],
     jobs_index: kopf.Index[Any, Any],
+    services_index: kopf.Index[Any, Any],
     logger: logging.Logger,
     **_: Any,
 ) -> None:
@@ -120,7 +136,9 @@ async def group_loop(
         while not stopped:
             job = _first(jobs_index, (namespace, body["spec"].get("jobRef")))
             try:
-                await groups.reconcile(ctx, body, list(pods_index.get((namespace, name), [])), job)
+                pods = list(pods_index.get((namespace, name), []))
+                service = (namespace, naming.trainer_service(name)) in services_index
+                await groups.reconcile(ctx, body, pods, job, has_service=service)
             except Exception:  # a failed pass is retried on the next wake, never crashes
                 logger.exception("reconciling PolicyGroup %s/%s failed; retrying", namespace, name)
             await _sleep(ctx, "group", namespace, name, stopped)

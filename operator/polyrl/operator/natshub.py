@@ -32,7 +32,7 @@ from polyrl.operator.kube import Kube
 from polyrl.operator.settings import OperatorSettings
 
 log = logging.getLogger("polyrl.operator.nats")
-Wake = Callable[[str, str], None]  # (namespace, group) -> None
+Wake = Callable[[str, str], None]  # (namespace, pod) -> wake the pod's group
 
 
 class NatsUnavailable(RuntimeError):
@@ -150,14 +150,14 @@ class NatsHub:
                 log.warning("malformed Drained message on %s ignored", msg.subject)
                 return
             channel.drained[drained.pod] = drained
-            self.wake(names.namespace, "*")  # whichever group the pod was in
+            self.wake(names.namespace, drained.pod)
 
         channel.subs.append(await conn.subscribe(names.drained_wildcard, cb=on_drained))
         kv = await conn.jetstream().key_value(names.heartbeats_bucket)
-        channel.tasks.append(asyncio.create_task(self._mirror(kv, channel)))
+        channel.tasks.append(asyncio.create_task(self._mirror(kv, channel, names.namespace)))
         return channel
 
-    async def _mirror(self, kv: Any, channel: JobChannel) -> None:
+    async def _mirror(self, kv: Any, channel: JobChannel, namespace: str) -> None:
         watcher = await kv.watchall()
         async for entry in watcher:
             if entry is None:
@@ -166,9 +166,14 @@ class NatsHub:
                 channel.heartbeats.pop(entry.key, None)
                 continue
             try:
-                channel.heartbeats[entry.key] = Heartbeat.model_validate_json(entry.value)
+                beat = Heartbeat.model_validate_json(entry.value)
             except ValidationError:
                 log.warning("malformed heartbeat under %s ignored", entry.key)
+                continue
+            before = channel.heartbeats.get(entry.key)
+            channel.heartbeats[entry.key] = beat
+            if before is None or _figures(before) != _figures(beat):
+                self.wake(namespace, beat.pod)  # status shows what changed, promptly
 
     def channel(self, namespace: str, job: str) -> JobChannel | None:
         return self.channels.get((namespace, job))
@@ -205,6 +210,10 @@ class NatsHub:
         for conn in self.conns.values():
             with contextlib.suppress(Exception):
                 await conn.close()
+
+
+def _figures(beat: Heartbeat) -> tuple[object, ...]:
+    return (beat.state, beat.weight_version, beat.step, beat.reward)
 
 
 def now() -> float:

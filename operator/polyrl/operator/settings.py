@@ -22,8 +22,9 @@ class OperatorSettings:
     POLYRL_TRAINER_ENTRY (what torchrun runs, default `-m polyrl.workers.trainer`)."""
     default_image: str | None = None
     """Overrides the jobs' default worker image (POLYRL_DEFAULT_WORKER_IMAGE)."""
-    status_interval: float = 5.0
-    """Seconds between status refreshes of an idle object."""
+    status_interval: float = 30.0
+    """Seconds between resyncs of an object nothing happened to (a safety net: pod, group,
+    job events and worker heartbeats wake its loop at once)."""
     nats_timeout: float = 5.0
     """Bound on one NATS operation (connect, create, delete)."""
     cleanup_timeout: float = 15.0
