@@ -81,6 +81,7 @@ class FakeWorker:
                 requests_served=self.served,
                 in_flight=self.in_flight,
                 at=time.time(),
+                reward=self.step / 100 if str(self.config.role) == "trainer" else None,
             )
             await self.kv.put(key, beat.model_dump_json().encode())
             await asyncio.sleep(0.5)

@@ -359,6 +359,7 @@ class PolicyGroupStatus(ApiModel):
     )
     weight_version: int = Field(0, ge=0, description="Weight version the rollouts serve (lowest).")
     step: int = Field(0, ge=0, description="Trainer step (groups with a trainer).")
+    reward: float | None = Field(None, description="Recent mean reward reported by the trainer.")
     rollout_failures: int = Field(
         0, ge=0, description="Consecutive rollout pod failures (drives backoff)."
     )

@@ -456,9 +456,11 @@ def _heartbeat_figures(p: Pass) -> None:
     versions = [hb.weight_version for hb in mine if hb.role == Role.ROLLOUT.value]
     if versions:
         p.status.weight_version = min(versions)
-    steps = [hb.step for hb in mine if hb.role == Role.TRAINER.value]
-    if steps:
-        p.status.step = max(steps)
+    trainers = [hb for hb in mine if hb.role == Role.TRAINER.value]
+    if trainers:
+        p.status.step = max(hb.step for hb in trainers)
+        rewards = [hb.reward for hb in trainers if hb.reward is not None]
+        p.status.reward = round(rewards[0], 4) if rewards else p.status.reward
 
 
 def _phase_and_ready(p: Pass) -> None:

@@ -204,6 +204,7 @@ def _policy_status(
     return PolicyStatus(
         name=name,
         step=owned.status.step if owned else 0,
+        reward=owned.status.reward if owned else None,
         weight_version=min(versions) if versions else 0,
         ready_rollouts=sum(g.status.ready_replicas for g in mine),
         desired_rollouts=sum(g.spec.rollout.replicas for g in mine),

@@ -447,6 +447,7 @@ def test_stop_steps_ends_the_job_and_frees_its_pods(kubectl: Kubectl, exec_ns: s
         timeout=90,
     )
     assert job["status"]["step"] >= 6
+    assert job["status"]["policies"][0]["reward"] > 0  # the trainer's heartbeat reaches status
     assert job["status"]["completionTime"]
     assert condition(job, "Stopped") == "True"
     wait_for(
