@@ -71,7 +71,7 @@ class _Dense:
 
 def apply_delta(
     state: MutableMapping[str, torch.Tensor],
-    blob: bytes,
+    blob: format.Blob,
     *,
     have_version: int | None,
     workers: int | None = None,
@@ -87,7 +87,7 @@ def apply_delta(
 
 
 def load_keyframe(
-    blob: bytes, workers: int | None = None
+    blob: format.Blob, workers: int | None = None
 ) -> tuple[Header, dict[str, torch.Tensor]]:
     """A new state dict from a keyframe, for a replica that holds nothing yet."""
     header, streams, wholes = format.unpack(blob)

@@ -71,6 +71,7 @@ SPARSE_STREAMS = 4  # gap symbols, value symbols, gap escapes, value escapes: se
 _UNCHECKED = 24  # prelude bytes covered by the checksum: all but the checksum itself
 _MAX_HEADER = 1 << 30
 _T = TypeVar("_T")
+Blob = bytes | bytearray | memoryview  # an object as encoded, or as the store read it
 
 
 class Kind(StrEnum):
@@ -120,7 +121,7 @@ def pack(header: Header, streams: Sequence[bytes], wholes: Sequence[bytes]) -> b
     return b"".join([head[:_UNCHECKED], checksum, zheader, *parts])
 
 
-def unpack(blob: bytes) -> tuple[Header, list[memoryview], list[memoryview]]:
+def unpack(blob: Blob) -> tuple[Header, list[memoryview], list[memoryview]]:
     """Header, sparse streams and whole sections, after checking the container."""
     view = memoryview(blob)
     if len(view) < PRELUDE.size:
@@ -141,7 +142,7 @@ def unpack(blob: bytes) -> tuple[Header, list[memoryview], list[memoryview]]:
     return header, parts[: len(header.streams)], parts[len(header.streams) :]
 
 
-def read_header(blob: bytes) -> Header:
+def read_header(blob: Blob) -> Header:
     return unpack(blob)[0]
 
 

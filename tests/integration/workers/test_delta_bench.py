@@ -1,0 +1,38 @@
+"""`polyrl bench delta --quick` runs end to end and reports every figure docs/benchmarks.md uses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from polyrl.workers.deltas import bench
+
+RATIOS = [
+    "changed_fraction",
+    "bytes_per_changed_element",
+    "ratio_vs_full",
+    "ratio_vs_coo",
+    "encode_vs_copy",
+    "apply_vs_copy",
+    "objstore_vs_pull",
+    "sync_full_s",
+    "sync_delta_s",
+    "shaped_sync_full_s",
+    "shaped_sync_delta_s",
+]
+
+
+@pytest.mark.slow
+async def test_the_quick_delta_benchmark_reports_every_headline_figure() -> None:
+    # The benchmark runs its own event loop (asyncio.run), so it gets a thread of its own.
+    figures = await asyncio.to_thread(bench.run, quick=True)
+    for key in RATIOS:
+        assert isinstance(figures[key], float), key
+        assert figures[key] > 0, key
+    for key in ["changed_fraction", "bytes_per_changed_element", "ratio_vs_full", "ratio_vs_coo"]:
+        assert isinstance(figures[f"{key}_lr1e5"], float), key
+    assert figures["training_bit_identical"] is True
+    assert figures["training_bit_identical_lr1e5"] is True
+    assert figures["quick"] is True
+    assert isinstance(figures["shaped_link"], str)

@@ -1,0 +1,72 @@
+"""The message that says a weight object is ready: one per object, on the policy's weights subject.
+
+The trainer writes the object first and announces it after, so an announced object is complete. A
+replica reads only the newest announcement (the stream keeps the last few per subject): it names
+the latest version, and for a replica that holds the announced delta's base it names the one
+object to fetch without listing the bucket, which saves round trips on a distant link. At a
+keyframe version the trainer announces the keyframe first and the delta last, so the newest
+announcement is the delta that up-to-date replicas need.
+
+`epoch` is the trainer's incarnation: a trainer restarted from a checkpoint may publish a version
+number again with other weights, so a replica that synced under another epoch trusts none of its
+version numbers and starts from a keyframe. Like every wire message, it carries `v` and a receiver
+refuses a version it does not know.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final, Literal
+
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+from pydantic import Field
+
+from polyrl.api.base import ApiModel
+from polyrl.api.naming import JobNames
+
+WIRE_VERSION: Final = 1
+
+
+class ObjectKind(enum.StrEnum):
+    DELTA = "delta"
+    KEYFRAME = "keyframe"
+
+
+class WeightAnnouncement(ApiModel):
+    """A weight object of `policy` at `version` is in the policy's bucket, complete."""
+
+    v: Literal[1] = WIRE_VERSION
+    policy: str = Field(description="Policy whose weights these are.")
+    version: int = Field(ge=0, description="Version a replica holds once the object is applied.")
+    epoch: int = Field(ge=0, description="Trainer incarnation; versions of other epochs differ.")
+    base_version: int | None = Field(
+        None, ge=0, description="Version the delta applies to; null for a keyframe."
+    )
+    kind: ObjectKind = Field(description="delta or keyframe.")
+    object: str = Field(description="Object name in the policy's weights bucket.")
+    size: int = Field(ge=0, description="Object size in bytes.")
+    checksum: str = Field(description="The object's Object Store digest, 'SHA-256=<base64>'.")
+
+
+def message_id(announcement: WeightAnnouncement) -> str:
+    """Nats-Msg-Id: a retried announcement is stored once."""
+    a = announcement
+    return f"{a.policy}.{a.epoch}.{a.version}.{a.kind}"
+
+
+async def publish(js: JetStreamContext, names: JobNames, announcement: WeightAnnouncement) -> None:
+    await js.publish(
+        names.weights_subject(announcement.policy),
+        announcement.model_dump_json(by_alias=True).encode(),
+        headers={api.Header.MSG_ID: message_id(announcement)},
+    )
+
+
+async def latest(js: JetStreamContext, names: JobNames, policy: str) -> WeightAnnouncement | None:
+    """The newest announcement of `policy`, or None if nothing was announced yet."""
+    try:
+        msg = await js.get_last_msg(names.weights_stream(policy), names.weights_subject(policy))
+    except NotFoundError:
+        return None
+    return WeightAnnouncement.model_validate_json(msg.data or b"")
