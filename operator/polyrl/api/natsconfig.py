@@ -27,6 +27,7 @@ from polyrl.api.naming import JobNames
 
 HEARTBEAT_TTL = 60.0
 DEDUPE_WINDOW = 600.0
+TRAJECTORY_CAP = 1_000_000
 
 
 def streams(names: JobNames, policies: Sequence[str]) -> list[StreamConfig]:
@@ -53,7 +54,9 @@ def streams(names: JobNames, policies: Sequence[str]) -> list[StreamConfig]:
                 subjects=[names.trajectories_subject(p)],
                 duplicate_window=DEDUPE_WINDOW,
                 max_age=86400.0,
-                max_bytes=8 << 30,
+                # A message cap, not max_bytes: JetStream reserves max_bytes up front, so a
+                # byte cap per policy would exhaust a server's store after a few jobs.
+                max_msgs=TRAJECTORY_CAP,
                 discard=DiscardPolicy.OLD,
                 storage=StorageType.FILE,
             ),

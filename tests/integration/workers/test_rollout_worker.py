@@ -1,0 +1,193 @@
+"""A real rollout worker: bundle and weights from NATS, requests served, updates, drain.
+
+The test plays the trainer's publishing part (model bundle, then weight versions through
+the weight-delta publisher) and talks to the worker only through NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import torch
+from nats.aio.client import Client as NatsClient
+
+from polyrl.api import natsconfig
+from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.messages import DrainAck, Drained, DrainRequest, WorkerState
+from polyrl.api.naming import JobNames
+from polyrl.api.resources import ModelSource, RLJobSpec
+from polyrl.api.wire import DeadLetter, GenerationRequest, GenerationResponse
+from polyrl.testing.natsserver import NatsServer
+from polyrl.workers import bundle, main
+from polyrl.workers import model as models
+from polyrl.workers.deltas.publish import WeightPublisher
+from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.rollout import RolloutWorker
+from polyrl.workers.runtime import Runtime
+
+pytestmark = pytest.mark.slow
+
+
+class Trainer:
+    """Publishes like the trainer does: bundle once, then one weight version per call."""
+
+    def __init__(self, js: object, names: JobNames, tmp: Path) -> None:
+        self.model, self.tokenizer = models.make_model(
+            ModelSource(path="tiny-llama://rollout-test", dtype="float32"), cache_dir=tmp / "m"
+        )
+        self.js, self.names, self.tmp = js, names, tmp
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+
+    async def start(self) -> WeightPublisher:
+        export = self.tmp / "export"
+        models.export(self.model, self.tokenizer, export)
+        await bundle.publish(self.js, self.names, "solver", export)  # type: ignore[arg-type]
+        store = await WeightStore.open(self.js, self.names.weights_bucket("solver"))  # type: ignore[arg-type]
+        publisher = WeightPublisher(store, self.names, "solver", keyframe_every=4)
+        await publisher.publish(self.state())
+        return publisher
+
+
+@pytest.fixture
+async def setup(
+    nats_server: NatsServer, tmp_path: Path
+) -> AsyncIterator[
+    tuple[NatsClient, JobNames, Trainer, WeightPublisher, RolloutWorker, asyncio.Task[None]]
+]:
+    names = JobNames(namespace="t", job=f"rw{uuid.uuid4().hex[:6]}")
+    spec = RLJobSpec.model_validate(
+        {
+            "policies": [
+                {
+                    "name": "solver",
+                    "model": {"path": "tiny-llama://rollout-test"},
+                    "rollout": {"maxBatchSize": 8},
+                }
+            ]
+        }
+    )
+    config = WorkerConfig(
+        namespace="t",
+        job=names.job,
+        role=Role.ROLLOUT,
+        policy="solver",
+        policy_group=f"{names.job}-solver",
+        nats_url=nats_server.url,
+        spec=spec,
+    )
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    trainer = Trainer(nc.jetstream(), names, tmp_path)
+    publisher = await trainer.start()
+    rt = await Runtime.connect(config, "rollout-0")
+    worker = await main.build_rollout(rt, bundle_timeout=30)
+    task = asyncio.create_task(worker.run())
+    while rt.state != WorkerState.SERVING:  # noqa: ASYNC110 (subscribed to drain and queue)
+        await asyncio.sleep(0.05)
+    yield nc, names, trainer, publisher, worker, task
+    rt.stopping.set()
+    await asyncio.wait_for(task, timeout=30)
+    await publisher.store.close()
+    await rt.close()
+    await nc.close()
+
+
+async def ask(
+    nc: NatsClient, names: JobNames, prompts: list[str], n: int = 2
+) -> list[GenerationResponse]:
+    inbox = f"test.{uuid.uuid4().hex}"
+    sub = await nc.subscribe(inbox)
+    for i, prompt in enumerate(prompts):
+        rid = f"{inbox}-{i}"
+        request = GenerationRequest(
+            id=rid,
+            episode_id=rid,
+            policy="solver",
+            prompt=prompt,
+            n=n,
+            max_new_tokens=6,
+            reply_to=inbox,
+        )
+        await nc.jetstream().publish(
+            names.requests_subject("solver"),
+            request.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": rid},
+        )
+    replies = [
+        GenerationResponse.model_validate_json((await sub.next_msg(timeout=60)).data)
+        for _ in prompts
+    ]
+    await sub.unsubscribe()
+    return sorted(replies, key=lambda r: r.id)
+
+
+async def test_requests_are_answered_with_completions_logprobs_and_the_weight_version(
+    setup: Any,
+) -> None:
+    nc, names, _, _, worker, _ = setup
+    replies = await ask(nc, names, ["12+35=", "7+8=", "40+2="])
+    assert [len(r.completions) for r in replies] == [2, 2, 2]
+    for reply in replies:
+        assert reply.pod == "rollout-0"
+        assert reply.weight_version == 0
+        assert reply.prompt_tokens
+        for completion in reply.completions:
+            assert 1 <= len(completion.tokens) <= 6
+            assert len(completion.logprobs) == len(completion.tokens)
+            assert all(lp <= 0.0 for lp in completion.logprobs)
+    assert worker.served == 3
+
+
+async def test_new_weights_are_applied_bit_identically_between_batches(setup: Any) -> None:
+    nc, names, trainer, publisher, worker, _ = setup
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    await publisher.publish(trainer.state())
+    for _ in range(60):
+        replies = await ask(nc, names, ["1+1="], n=1)
+        if replies[0].weight_version == 1:
+            break
+    assert replies[0].weight_version == 1
+    served = worker.engine.weights()
+    for name, tensor in trainer.state().items():
+        assert torch.equal(served[name].view(torch.int16), tensor.view(torch.int16)), name
+
+
+async def test_a_malformed_request_is_dead_lettered_and_the_worker_keeps_serving(
+    setup: Any,
+) -> None:
+    nc, names, _, _, worker, _ = setup
+    dlq = await nc.jetstream().subscribe(names.dead_letter_subject)
+    await nc.jetstream().publish(
+        names.requests_subject("solver"), b"{not json", headers={"Nats-Msg-Id": uuid.uuid4().hex}
+    )
+    letter = DeadLetter.model_validate_json((await dlq.next_msg(timeout=30)).data)
+    assert letter.worker == "rollout-0"
+    assert "malformed request" in letter.error
+    assert (await ask(nc, names, ["2+2="], n=1))[0].completions
+    assert worker.rt.dead_letters == 1
+
+
+async def test_a_drain_request_is_acked_then_answered_with_drained(setup: Any) -> None:
+    nc, names, _, _, worker, task = setup
+    drained = await nc.subscribe(names.drained_subject("solver", "rollout-0"))
+    reply = await nc.request(
+        names.drain_subject("solver", "rollout-0"),
+        DrainRequest(pod="rollout-0", timeout_seconds=10).model_dump_json().encode(),
+        timeout=10,
+    )
+    assert DrainAck.model_validate_json(reply.data).pod == "rollout-0"
+    message = Drained.model_validate_json((await drained.next_msg(timeout=30)).data)
+    assert message.pod == "rollout-0"
+    await asyncio.wait_for(task, timeout=30)  # it stopped pulling and returned
+    assert json.loads(message.model_dump_json())["served"] == worker.served

@@ -1,0 +1,120 @@
+"""Episodes end to end without a trainer: workflow runner -> rollout worker -> trajectories.
+
+A real rollout worker (torch engine, tiny model, weights from NATS) serves a real workflow
+runner; the test reads what the trainers would get from the trajectory streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import nats
+import pytest
+import torch
+from nats.aio.client import Client as NatsClient
+
+from polyrl.api import natsconfig
+from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.naming import JobNames
+from polyrl.api.resources import ModelSource, RLJobSpec
+from polyrl.api.wire import Trajectory
+from polyrl.testing.natsserver import NatsServer
+from polyrl.workers import bundle, main, workflows
+from polyrl.workers import model as models
+from polyrl.workers.deltas.publish import WeightPublisher
+from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.runtime import Runtime
+
+pytestmark = pytest.mark.slow
+
+
+def spec(workflow: str) -> RLJobSpec:
+    policies = [
+        {"name": name, "model": {"path": "tiny-llama://wf-test"}, "rollout": {"maxBatchSize": 16}}
+        for name in ("solver", "verifier")
+    ]
+    return RLJobSpec.model_validate(
+        {
+            "policies": policies,
+            "workflow": {
+                "name": workflow,
+                "episodesInFlight": 2,
+                "task": {"name": "arithmetic", "params": {"digits": 1}},
+            },
+            "algorithm": {"groupSize": 4, "maxNewTokens": 3},
+        }
+    )
+
+
+async def publish_policy(js: object, names: JobNames, policy: str, tmp: Path) -> None:
+    model, tokenizer = models.make_model(
+        ModelSource(path="tiny-llama://wf-test", dtype="float32"), cache_dir=tmp / "m"
+    )
+    models.export(model, tokenizer, tmp / f"export-{policy}")
+    await bundle.publish(js, names, policy, tmp / f"export-{policy}")  # type: ignore[arg-type]
+    store = await WeightStore.open(js, names.weights_bucket(policy))  # type: ignore[arg-type]
+    state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+    await WeightPublisher(store, names, policy, keyframe_every=4).publish(state)
+    await store.close()
+
+
+async def collect(nc: NatsClient, names: JobNames, policy: str, count: int) -> list[Trajectory]:
+    sub = await nc.jetstream().subscribe(names.trajectories_subject(policy))
+    got = [
+        Trajectory.model_validate_json((await sub.next_msg(timeout=120)).data) for _ in range(count)
+    ]
+    await sub.unsubscribe()
+    return got
+
+
+@pytest.mark.parametrize("workflow", ["single", "solver-verifier"])
+async def test_episodes_become_rewarded_trajectories_for_each_policy(
+    nats_server: NatsServer, tmp_path: Path, workflow: str
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec(workflow)
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
+    runtimes, tasks = [], []
+    for policy in ("solver", "verifier"):
+        await publish_policy(nc.jetstream(), names, policy, tmp_path)
+        config = WorkerConfig(
+            namespace="t",
+            job=names.job,
+            role=Role.ROLLOUT,
+            policy=policy,
+            nats_url=nats_server.url,
+            spec=job,
+        )
+        rt = await Runtime.connect(config, f"{policy}-rollout-0")
+        runtimes.append(rt)
+        tasks.append(asyncio.create_task((await main.build_rollout(rt, bundle_timeout=30)).run()))
+    config = WorkerConfig(
+        namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+    )
+    rt = await Runtime.connect(config, "workflow-0")
+    runtimes.append(rt)
+    runner = main.build_workflow(rt)
+    tasks.append(asyncio.create_task(runner.run()))
+    try:
+        solver = await collect(nc, names, "solver", 8)
+        assert {t.policy for t in solver} == {"solver"}
+        assert all(t.reward in (0.0, 1.0) for t in solver)
+        assert all(len(t.logprobs) == len(t.tokens) > 0 for t in solver)
+        groups = {t.group_id for t in solver}
+        assert all(sum(t.group_id == g for t in solver) == 4 for g in groups)  # whole groups
+        assert len({t.id for t in solver}) == 8
+        if workflow == "solver-verifier":
+            verifier = await collect(nc, names, "verifier", 4)
+            assert all(t.group_id.split("/", 1)[1].startswith("verdict-") for t in verifier)
+    finally:
+        for r in runtimes:
+            r.stopping.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+        for r in runtimes:
+            await r.close()
+        await nc.close()
+    assert runner.episodes >= 2
+    assert workflows.load_workflow(workflow) is not None

@@ -1,0 +1,109 @@
+"""`polyrl worker <role>`: the entry point of rollout and workflow pods (and local processes).
+
+The trainer is started by torchrun instead (`-m polyrl.workers.trainer`). Everything comes
+from the environment (see `runtime`); a bad environment exits 2 with a readable message,
+so a misconfigured pod fails fast and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from polyrl.workers import bundle, tasks
+from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.engines import make_engine
+from polyrl.workers.rollout import RolloutWorker
+from polyrl.workers.runtime import ConfigError, Runtime, load_config
+from polyrl.workers.weights import EngineWeights
+from polyrl.workers.workflow_runner import WorkflowRunner
+from polyrl.workers.workflows import load_workflow
+
+log = logging.getLogger("polyrl.worker")
+EXIT_CONFIG = 2
+
+
+async def build_rollout(
+    rt: Runtime, *, device: str = "cpu", bundle_timeout: float = 300.0
+) -> RolloutWorker:
+    policy = rt.config.spec.policy(rt.config.policy or "")
+    if policy is None:
+        raise ConfigError(f"policy {rt.config.policy!r} is not in the job's spec")
+    directory = await bundle.fetch(
+        rt.js,
+        rt.names,
+        policy.name,
+        Path(tempfile.mkdtemp(prefix="polyrl-model-")),
+        timeout=bundle_timeout,
+    )
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=policy.model.dtype)  # type: ignore[no-untyped-call]
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    engine = make_engine(
+        str(policy.rollout.engine),
+        model,
+        device=device,
+        max_batch_size=policy.rollout.max_batch_size,
+    )
+    store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
+    weights = EngineWeights(rt.js, rt.names, policy.name, store)
+    # Version 0 is announced right after the bundle; poll NATS for it (nothing to wait on).
+    while await weights.update(engine) is None and weights.version is None:  # noqa: ASYNC110
+        await asyncio.sleep(0.5)
+    return RolloutWorker(rt, engine, tokenizer, weights)
+
+
+def build_workflow(rt: Runtime) -> WorkflowRunner:
+    spec = rt.config.spec
+    per_runner = max(1, spec.workflow.episodes_in_flight // spec.workflow.replicas)
+    return WorkflowRunner(
+        rt,
+        load_workflow(spec.workflow.name),
+        tasks.load_task(spec.workflow.task),
+        concurrency=per_runner,
+    )
+
+
+async def serve(role: str) -> None:
+    config, pod = load_config()
+    if str(config.role) != role:
+        raise ConfigError(
+            f"this worker was started as {role!r} but its config says {config.role!r}"
+        )
+    rt = await Runtime.connect(config, pod)
+    rt.install_signal_handlers()
+    beat = asyncio.create_task(rt.heartbeat_forever())
+    try:
+        worker = await build_rollout(rt) if role == "rollout" else build_workflow(rt)
+        await worker.run()
+    finally:
+        beat.cancel()
+        await rt.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if len(argv) != 1 or argv[0] not in ("rollout", "workflow"):
+        print(
+            "usage: polyrl worker rollout|workflow (the trainer runs under torchrun)",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    try:
+        asyncio.run(serve(argv[0]))
+    except ConfigError as err:
+        print(f"polyrl worker: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

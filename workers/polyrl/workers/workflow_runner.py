@@ -1,0 +1,169 @@
+"""The workflow runner: runs episodes, `episodesInFlight` at a time, and feeds the trainers.
+
+Each of its concurrent loops runs one episode after another through the job's workflow.
+Generation requests go to the policies' work queues with a reply subject private to this
+runner; responses are matched to their request by id. A request unanswered within
+`request_timeout` is retried under a fresh id (the work queue de-duplicates by id, so the
+same id would be swallowed). On SIGTERM no new episode starts; those in flight get
+`drain_timeout` to finish, and whatever they had not emitted is simply not sent, so no
+half-written episode reaches a trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+from nats.aio.msg import Msg
+from pydantic import ValidationError
+
+from polyrl.api.messages import WorkerState
+from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
+from polyrl.workers.runtime import Runtime
+from polyrl.workers.workflows import Episode, Workflow
+
+log = logging.getLogger("polyrl.workflow")
+
+
+class GenerationTimeout(RuntimeError):
+    """No rollout worker answered a request after every retry."""
+
+
+class WorkflowRunner:
+    def __init__(
+        self,
+        rt: Runtime,
+        workflow: Workflow,
+        task: Any,
+        *,
+        concurrency: int,
+        request_timeout: float = 120.0,
+        retries: int = 3,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        self.rt = rt
+        self.workflow = workflow
+        self.task = task
+        self.concurrency = concurrency
+        self.request_timeout = request_timeout
+        self.retries = retries
+        self.drain_timeout = drain_timeout
+        self.inbox = f"{rt.names.prefix}.replies.{rt.pod}"
+        self.waiting: dict[str, asyncio.Future[GenerationResponse]] = {}
+        self.counter = itertools.count()
+        self.episodes = 0
+        self.failed = 0
+        self.recent: dict[str, list[float]] = {}
+
+    async def run(self) -> None:
+        await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
+        self.rt.state = WorkerState.SERVING
+        loops = [asyncio.create_task(self._loop(i)) for i in range(self.concurrency)]
+        await self.rt.stopping.wait()
+        self.rt.state = WorkerState.DRAINING
+        _, pending = await asyncio.wait(loops, timeout=self.drain_timeout)
+        for task in pending:
+            task.cancel()
+        log.info(
+            "stopped: %d episodes done, %d failed, %d cut short",
+            self.episodes,
+            self.failed,
+            len(pending),
+        )
+
+    async def _loop(self, index: int) -> None:
+        rng = random.Random(f"{self.rt.pod}/{index}/{self.rt.config.spec.workflow.task.seed}")
+        while not self.rt.stopping.is_set():
+            episode = Episode(
+                id=uuid.uuid4().hex[:16],
+                spec=self.rt.config.spec,
+                task=self.task,
+                rng=rng,
+                _generate=self._generate,
+                _emit=self._emit,
+            )
+            try:
+                await self.workflow(episode)
+                self.episodes += 1
+                self._record(episode)
+            except (GenerationTimeout, ValueError, KeyError, IndexError) as err:
+                self.failed += 1
+                log.warning("episode %s failed: %s", episode.id, err)
+                await asyncio.sleep(1.0)
+
+    def _record(self, episode: Episode) -> None:
+        for policy, rewards in episode.rewards.items():
+            window = self.recent.setdefault(policy, [])
+            window.extend(rewards)
+            del window[:-512]
+        means = [sum(w) / len(w) for w in self.recent.values() if w]
+        self.rt.figures = {
+            "requests_served": self.episodes,
+            "reward": sum(means) / len(means) if means else None,
+        }
+
+    async def _generate(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
+        temperature = self.rt.config.spec.algorithm.temperature
+        for attempt in range(self.retries):
+            rid = f"{self.rt.pod}-{next(self.counter)}-{attempt}"
+            request = GenerationRequest(
+                id=rid,
+                episode_id=rid,
+                policy=policy,
+                prompt=prompt,
+                n=n,
+                max_new_tokens=max_new,
+                temperature=temperature,
+                reply_to=self.inbox,
+            )
+            future: asyncio.Future[GenerationResponse] = asyncio.get_running_loop().create_future()
+            self.waiting[rid] = future
+            try:
+                await self.rt.js.publish(
+                    self.rt.names.requests_subject(policy),
+                    request.model_dump_json().encode(),
+                    headers={"Nats-Msg-Id": rid},
+                )
+                return await asyncio.wait_for(future, timeout=self.request_timeout)
+            except TimeoutError:
+                log.info("request %s to %s timed out; retrying", rid, policy)
+            finally:
+                self.waiting.pop(rid, None)
+        raise GenerationTimeout(f"no answer from policy {policy!r} after {self.retries} tries")
+
+    async def _on_reply(self, msg: Msg) -> None:
+        try:
+            response = GenerationResponse.model_validate_json(msg.data)
+        except ValidationError as err:
+            await self.rt.dead_letter(msg.subject, msg.data, f"malformed response: {err}")
+            return
+        future = self.waiting.get(response.id)
+        if future is not None and not future.done():
+            future.set_result(response)
+
+    async def _emit(
+        self, policy: str, group: str, response: GenerationResponse, index: int, reward: float
+    ) -> None:
+        completion = response.completions[index]
+        trajectory = Trajectory(
+            id=f"{group}/{index}",
+            episode_id=group.split("/", 1)[0],
+            group_id=group,
+            policy=policy,
+            prompt_tokens=response.prompt_tokens,
+            tokens=completion.tokens,
+            logprobs=completion.logprobs,
+            reward=reward,
+            weight_version=response.weight_version,
+            created_at=time.time(),
+        )
+        await self.rt.js.publish(
+            self.rt.names.trajectories_subject(policy),
+            trajectory.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": trajectory.id},
+        )

@@ -1,0 +1,56 @@
+"""What a workflow sees of the system: one episode, its problem, generation and emission.
+
+`Episode` hides NATS: `generate` publishes a GenerationRequest to the policy's work queue
+and awaits the response (retrying under a fresh id after a timeout, so the stream's
+de-duplication never swallows the retry); `emit` turns a completion and its reward into a
+Trajectory for that policy's trainer, with a deterministic id so a retried publish is
+de-duplicated rather than doubled.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyrl.api.resources import RLJobSpec
+from polyrl.api.wire import Completion, GenerationResponse
+
+Generate = Callable[[str, str, int, int], Awaitable[GenerationResponse]]
+Emit = Callable[[str, str, GenerationResponse, int, float], Awaitable[None]]
+
+
+@dataclass
+class Episode:
+    """One episode: an id, the job's spec, a task, a seeded RNG and the two verbs."""
+
+    id: str
+    spec: RLJobSpec
+    task: Any
+    rng: random.Random
+    _generate: Generate
+    _emit: Emit
+    rewards: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def group_size(self) -> int:
+        return self.spec.algorithm.group_size
+
+    async def generate(
+        self, policy: str, prompt: str, n: int = 1, *, max_new_tokens: int | None = None
+    ) -> GenerationResponse:
+        limit = max_new_tokens or self.spec.algorithm.max_new_tokens
+        return await self._generate(policy, prompt, n, limit)
+
+    async def emit(
+        self, policy: str, group: str, response: GenerationResponse, index: int, reward: float
+    ) -> None:
+        """Send completion `index` of `response` with its reward to `policy`'s trainer."""
+        self.rewards.setdefault(policy, []).append(reward)
+        await self._emit(policy, f"{self.id}/{group}", response, index, reward)
+
+    @staticmethod
+    def text(response: GenerationResponse, index: int) -> str:
+        completion: Completion = response.completions[index]
+        return completion.text
