@@ -20,7 +20,7 @@ from polyrl.api._version import DEFAULT_IMAGE
 from polyrl.api.base import ConditionStatus, find_condition, set_condition
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
-from polyrl.operator import metrics, render, scaling
+from polyrl.operator import metrics, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.podinfo import PodInfo
 
@@ -68,13 +68,7 @@ class Pass:
 
 
 def load(body: Mapping[str, Any]) -> PolicyGroup:
-    return PolicyGroup.model_validate(
-        {
-            "metadata": dict(body["metadata"]),
-            "spec": dict(body["spec"]),
-            "status": dict(body.get("status") or {}),
-        }
-    )
+    return report.load(PolicyGroup, body)
 
 
 async def reconcile(
@@ -485,20 +479,12 @@ async def _finish(p: Pass) -> None:
     _heartbeat_figures(p)
     _phase_and_ready(p)
     p.status.observed_generation = p.group.metadata.generation
-    before = p.group.status
-    new = p.status.to_api()
-    if new != before.to_api():
-        await p.ctx.kube.patch_status("policygroups", p.namespace, p.name, new)
-        if before.phase != p.status.phase:
-            p.event(
-                "Normal" if p.status.phase != Phase.FAILED else "Warning",
-                "PhaseChanged",
-                f"phase {before.phase} -> {p.status.phase}",
-            )
-    obj = {
-        "apiVersion": "polyrl.dev/v1alpha1",
-        "kind": "PolicyGroup",
-        "metadata": {"name": p.name, "namespace": p.namespace, "uid": p.group.metadata.uid},
-    }
-    for type_, reason, message in p.events:
-        await p.ctx.kube.event(obj, type=type_, reason=reason, message=message)
+    await report.publish(
+        p.ctx.kube,
+        kind="PolicyGroup",
+        plural="policygroups",
+        meta=p.group.metadata,
+        before=p.group.status,
+        after=p.status,
+        events=p.events,
+    )

@@ -20,7 +20,7 @@ from typing import Any
 from polyrl.api import naming, plan
 from polyrl.api.base import ConditionStatus, find_condition, set_condition
 from polyrl.api.resources import Phase, PolicyGroup, PolicyStatus, RLJob, RLJobStatus
-from polyrl.operator import metrics, render, scaling
+from polyrl.operator import metrics, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.natshub import NatsUnavailable
 from polyrl.operator.podinfo import PodInfo
@@ -61,13 +61,7 @@ class JobPass:
 
 
 def load(body: Mapping[str, Any]) -> RLJob:
-    return RLJob.model_validate(
-        {
-            "metadata": dict(body["metadata"]),
-            "spec": dict(body["spec"]),
-            "status": dict(body.get("status") or {}),
-        }
-    )
+    return report.load(RLJob, body)
 
 
 async def reconcile(
@@ -305,19 +299,15 @@ def _now() -> str:
 
 async def _finish(p: JobPass) -> None:
     p.status.observed_generation = p.job.metadata.generation
-    before = p.job.status
-    new = p.status.to_api()
-    if new != before.to_api():
-        await p.ctx.kube.patch_status("rljobs", p.ns, p.name, new)
-        if before.phase != p.status.phase:
-            p.event("Normal", "PhaseChanged", f"phase {before.phase} -> {p.status.phase}")
-    obj = {
-        "apiVersion": "polyrl.dev/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": p.name, "namespace": p.ns, "uid": p.job.metadata.uid},
-    }
-    for type_, reason, message in p.events:
-        await p.ctx.kube.event(obj, type=type_, reason=reason, message=message)
+    await report.publish(
+        p.ctx.kube,
+        kind="RLJob",
+        plural="rljobs",
+        meta=p.job.metadata,
+        before=p.job.status,
+        after=p.status,
+        events=p.events,
+    )
 
 
 async def cleanup(ctx: Context, body: Mapping[str, Any]) -> None:
