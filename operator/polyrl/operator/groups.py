@@ -17,7 +17,7 @@ from typing import Any
 
 from polyrl.api import naming, plan
 from polyrl.api._version import DEFAULT_IMAGE
-from polyrl.api.base import ConditionStatus, find_condition, set_condition
+from polyrl.api.base import ConditionStatus, find_condition
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
 from polyrl.operator import metrics, render, report, scaling
@@ -28,7 +28,7 @@ log = logging.getLogger("polyrl.operator.groups")
 
 
 @dataclass
-class Pass:
+class Pass(report.Recorder):
     """The state of one reconcile pass over a group."""
 
     ctx: Context
@@ -51,20 +51,9 @@ class Pass:
     def namespace(self) -> str:
         return self.group.metadata.namespace
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.events.append((type_, reason, message))
-
-    def condition(
-        self, type_: str, ok: bool | ConditionStatus, reason: str, message: str = ""
-    ) -> None:
-        set_condition(
-            self.status.conditions,
-            type=type_,
-            status=ok,
-            reason=reason,
-            message=message,
-            generation=self.group.metadata.generation,
-        )
+    @property
+    def generation(self) -> int:
+        return self.group.metadata.generation
 
 
 def load(body: Mapping[str, Any]) -> PolicyGroup:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyrl.api import naming, plan
-from polyrl.api.base import ConditionStatus, find_condition, set_condition
+from polyrl.api.base import ConditionStatus, find_condition
 from polyrl.api.resources import Phase, PolicyGroup, PolicyStatus, RLJob, RLJobStatus
 from polyrl.operator import metrics, render, report, scaling
 from polyrl.operator.context import Context
@@ -31,7 +31,7 @@ JOB_REPLICAS = f"{naming.LABEL_PREFIX}/job-replicas"
 
 
 @dataclass
-class JobPass:
+class JobPass(report.Recorder):
     ctx: Context
     body: Mapping[str, Any]
     job: RLJob
@@ -46,18 +46,9 @@ class JobPass:
     def name(self) -> str:
         return self.job.metadata.name
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.events.append((type_, reason, message))
-
-    def condition(self, type_: str, ok: bool, reason: str, message: str = "") -> None:
-        set_condition(
-            self.status.conditions,
-            type=type_,
-            status=ok,
-            reason=reason,
-            message=message,
-            generation=self.job.metadata.generation,
-        )
+    @property
+    def generation(self) -> int:
+        return self.job.metadata.generation
 
 
 def load(body: Mapping[str, Any]) -> RLJob:

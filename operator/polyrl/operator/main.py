@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -117,6 +118,28 @@ async def _sleep(
     await asyncio.sleep(0.02)  # let a burst of watch events land in the indices
 
 
+async def _loop(
+    ctx: Context,
+    kind: str,
+    namespace: str,
+    name: str,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger,
+    step: Callable[[], Awaitable[None]],
+) -> None:
+    """Reconcile, sleep until woken or the resync is due, repeat until kopf stops us."""
+    ctx.wakers.event(kind, namespace, name)
+    try:
+        while not stopped:
+            try:
+                await step()
+            except Exception:  # a failed pass is retried on the next wake, never crashes
+                logger.exception("reconciling %s %s/%s failed; retrying", kind, namespace, name)
+            await _sleep(ctx, kind, namespace, name, stopped)
+    finally:
+        ctx.wakers.forget(kind, namespace, name)
+
+
 @kopf.daemon(*GROUPS, cancellation_timeout=5.0)
 async def group_loop(
     stopped: kopf.DaemonStopped,
@@ -130,20 +153,13 @@ async def group_loop(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
-    ctx: Context = memo.ctx
-    ctx.wakers.event("group", namespace, name)
-    try:
-        while not stopped:
-            job = _first(jobs_index, (namespace, body["spec"].get("jobRef")))
-            try:
-                pods = list(pods_index.get((namespace, name), []))
-                service = (namespace, naming.trainer_service(name)) in services_index
-                await groups.reconcile(ctx, body, pods, job, has_service=service)
-            except Exception:  # a failed pass is retried on the next wake, never crashes
-                logger.exception("reconciling PolicyGroup %s/%s failed; retrying", namespace, name)
-            await _sleep(ctx, "group", namespace, name, stopped)
-    finally:
-        ctx.wakers.forget("group", namespace, name)
+    async def step() -> None:
+        job = _first(jobs_index, (namespace, body["spec"].get("jobRef")))
+        pods = list(pods_index.get((namespace, name), []))
+        service = (namespace, naming.trainer_service(name)) in services_index
+        await groups.reconcile(memo.ctx, body, pods, job, has_service=service)
+
+    await _loop(memo.ctx, "group", namespace, name, stopped, logger, step)
 
 
 @kopf.daemon(*RLJOBS, cancellation_timeout=5.0)
@@ -158,22 +174,12 @@ async def job_loop(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
-    ctx: Context = memo.ctx
-    ctx.wakers.event("job", namespace, name)
-    try:
-        while not stopped:
-            try:
-                await jobs.reconcile(
-                    ctx,
-                    body,
-                    list(groups_index.get((namespace, name), [])),
-                    list(pods_index.get((namespace, f"job:{name}"), [])),
-                )
-            except Exception:
-                logger.exception("reconciling RLJob %s/%s failed; retrying", namespace, name)
-            await _sleep(ctx, "job", namespace, name, stopped)
-    finally:
-        ctx.wakers.forget("job", namespace, name)
+    async def step() -> None:
+        group_bodies = list(groups_index.get((namespace, name), []))
+        pods = list(pods_index.get((namespace, f"job:{name}"), []))
+        await jobs.reconcile(memo.ctx, body, group_bodies, pods)
+
+    await _loop(memo.ctx, "job", namespace, name, stopped, logger, step)
 
 
 @kopf.on.delete(*RLJOBS)

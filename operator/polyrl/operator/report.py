@@ -10,12 +10,42 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from polyrl.api.base import API_VERSION, ApiModel
+from polyrl.api.base import API_VERSION, ApiModel, ConditionStatus, set_condition
 from polyrl.api.resources import Phase
 from polyrl.operator.kube import Kube
 
 M = TypeVar("M", bound=ApiModel)
 Event = tuple[str, str, str]  # (type, reason, message)
+
+
+class Recorder:
+    """What a pass collects as it acts: events to post and conditions to set on its status.
+
+    A pass dataclass mixes this in and provides `status` (with `conditions`), `events` and
+    `generation` (the object's metadata.generation the conditions are observed against).
+    """
+
+    status: Any
+    events: list[Event]
+
+    @property
+    def generation(self) -> int:
+        raise NotImplementedError
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def condition(
+        self, type_: str, ok: bool | ConditionStatus, reason: str, message: str = ""
+    ) -> None:
+        set_condition(
+            self.status.conditions,
+            type=type_,
+            status=ok,
+            reason=reason,
+            message=message,
+            generation=self.generation,
+        )
 
 
 def load(model: type[M], body: Mapping[str, Any]) -> M:
