@@ -1,0 +1,124 @@
+"""The whole data plane in one process: trainer, rollout worker, workflow runner over NATS.
+
+Short runs: the point is the plumbing (bundle, versions, deltas, trajectories, acks,
+checkpoints, epochs), not learning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import nats
+import pytest
+
+from polyrl.api import natsconfig
+from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.naming import JobNames
+from polyrl.api.resources import RLJobSpec
+from polyrl.testing.natsserver import NatsServer
+from polyrl.workers import checkpoint, main, trainer
+from polyrl.workers.deltas import announce
+from polyrl.workers.runtime import Runtime
+
+pytestmark = pytest.mark.slow
+
+
+def spec(steps: int) -> RLJobSpec:
+    return RLJobSpec.model_validate(
+        {
+            "policies": [
+                {
+                    "name": "solver",
+                    "model": {"path": "tiny-llama://loop-test"},
+                    "trainer": {"batchSize": 8, "microBatchSize": 8, "checkpointEvery": 2},
+                    "rollout": {"maxBatchSize": 16},
+                    "keyframeEvery": 2,
+                }
+            ],
+            "workflow": {
+                "name": "single",
+                "episodesInFlight": 2,
+                "task": {"name": "arithmetic", "params": {"digits": 1}},
+            },
+            "algorithm": {"groupSize": 4, "maxNewTokens": 3, "maxStaleness": 4},
+            "stop": {"steps": steps},
+        }
+    )
+
+
+async def run_trainer(
+    nats_url: str, names: JobNames, job: RLJobSpec, workdir: Path
+) -> trainer.Trainer:
+    config = WorkerConfig(
+        namespace=names.namespace,
+        job=names.job,
+        role=Role.TRAINER,
+        policy="solver",
+        nats_url=nats_url,
+        spec=job,
+    )
+    t = trainer.Trainer(job.policies[0], job.algorithm, workdir=workdir)
+    rt = await Runtime.connect(config, "trainer-0")
+    try:
+        await trainer.run(rt, t, workdir)
+    finally:
+        await rt.close()
+    return t
+
+
+async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_a_new_epoch(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("POLYRL_METRICS_FILE", str(metrics))
+    names = JobNames(namespace="t", job=f"loop{uuid.uuid4().hex[:6]}")
+    job = spec(steps=3)
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    training = asyncio.create_task(run_trainer(nats_server.url, names, job, tmp_path / "tr"))
+    rollout_rt = await Runtime.connect(
+        WorkerConfig(
+            namespace="t",
+            job=names.job,
+            role=Role.ROLLOUT,
+            policy="solver",
+            nats_url=nats_server.url,
+            spec=job,
+        ),
+        "rollout-0",
+    )
+    rollout = await main.build_rollout(rollout_rt, bundle_timeout=60)
+    serving = asyncio.create_task(rollout.run())
+    runner_rt = await Runtime.connect(
+        WorkerConfig(
+            namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+        ),
+        "workflow-0",
+    )
+    episodes = asyncio.create_task(main.build_workflow(runner_rt).run())
+    try:
+        first = await asyncio.wait_for(training, timeout=300)
+    finally:
+        for rt in (rollout_rt, runner_rt):
+            rt.stopping.set()
+        await asyncio.gather(serving, episodes, return_exceptions=True)
+    assert first.state.step == 3
+    assert first.state.version == 3  # v0 at start, one per step
+    latest = await announce.latest(nc.jetstream(), names, "solver")
+    assert latest is not None
+    assert (latest.version, latest.epoch) == (3, 0)
+    assert rollout.engine.version >= 1  # the rollout worker followed the trainer
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    assert all("loss" in x and "reward" in x for x in lines)
+    assert (tmp_path / "tr" / "checkpoint" / checkpoint.STATE).is_file()
+
+    # A restarted trainer resumes from its checkpoint in a new epoch, after version 3.
+    resumed = trainer.Trainer(job.policies[0], job.algorithm, workdir=tmp_path / "tr")
+    assert (resumed.state.step, resumed.state.epoch) == (3, 1)
+    await rollout_rt.close()
+    await runner_rt.close()
+    await nc.close()

@@ -1,0 +1,73 @@
+"""Trainer checkpoints: weights (safetensors), optimizer state, step, version and epoch.
+
+Written atomically (a temporary directory renamed into place), so a trainer killed while
+writing resumes from the previous checkpoint rather than a torn one. Each resume starts a
+new epoch; versions carry on after the last one announced, so no version number is ever
+published twice (DESIGN §4, "Checkpoint and resume").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STATE = "trainer.json"
+WEIGHTS = "model.safetensors"
+OPTIMIZER = "optimizer.pt"
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    version: int = -1  # last published version; -1: nothing published yet
+    epoch: int = 0
+
+
+def save(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState
+) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".ckpt.", dir=directory.parent))
+    try:
+        weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(_untie(weights), str(staging / WEIGHTS))
+        torch.save(optimizer.state_dict(), staging / OPTIMIZER)
+        (staging / STATE).write_text(json.dumps(asdict(state)))
+        old = directory.with_name(directory.name + ".old")
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(staging, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses shared storage: store each tied name as its own copy."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in weights.items():
+        ptr = tensor.data_ptr()
+        out[name] = tensor.clone() if ptr in seen else tensor
+        seen.add(ptr)
+    return out
+
+
+def resume(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> TrainerState:
+    """Load the last checkpoint if there is one; a new epoch either way after the first."""
+    if not (directory / STATE).is_file():
+        return TrainerState()
+    state = TrainerState(**json.loads((directory / STATE).read_text()))
+    model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
+    optimizer.load_state_dict(torch.load(directory / OPTIMIZER, weights_only=True))
+    state.epoch += 1
+    return state

@@ -1,0 +1,298 @@
+"""The trainer: GRPO steps on a policy's trajectories, then new weights for its rollouts.
+
+Launched by torchrun (`-m polyrl.workers.trainer`), gloo on CPU and nccl on GPU,
+data-parallel across ranks. Only rank 0 talks to NATS: it publishes the model bundle and
+version 0, pulls `batchSize` fresh trajectories per step through a durable consumer
+(samples more than `maxStaleness` versions old are acked, dropped and counted), shares
+them with the other ranks, and acks them only after the step, so a crash means
+redelivery, not loss. Each rank trains on its share; gradients are averaged. After the
+step rank 0 publishes the new weights (a sparse delta, or a keyframe every
+`keyframeEvery` versions; every version is a keyframe under `weightSync: full`) while the
+next batch is pulled and trained: only the encoding of one version is in flight.
+
+Checkpoints (`checkpoint.py`) every `checkpointEvery` steps and on exit; a restarted
+trainer resumes in a new epoch and numbers versions after the last one announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from nats.aio.msg import Msg
+from pydantic import ValidationError
+
+from polyrl.api.launch import WorkerConfig
+from polyrl.api.messages import WorkerState
+from polyrl.api.resources import AlgorithmSpec, PolicySpec, WeightSync
+from polyrl.api.wire import Trajectory
+from polyrl.workers import batching, bundle, checkpoint, grpo
+from polyrl.workers import model as models
+from polyrl.workers.deltas import announce
+from polyrl.workers.deltas.publish import WeightPublisher
+from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.runtime import ConfigError, Runtime, load_config
+
+log = logging.getLogger("polyrl.trainer")
+CONSUMER = "trainer"
+
+
+class Trainer:
+    """The model, its optimizer and one GRPO step (no I/O: testable on its own)."""
+
+    def __init__(
+        self,
+        policy: PolicySpec,
+        algo: AlgorithmSpec,
+        *,
+        workdir: Path,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.policy, self.algo, self.rank, self.world = policy, algo, rank, world
+        source = policy.model.model_copy(update={"dtype": "float32"})
+        self.model, self.tokenizer = models.make_model(source, cache_dir=workdir / "models")
+        opt = policy.trainer.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
+        )
+        self.checkpoint_dir = workdir / "checkpoint"
+        self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
+
+    def bf16(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+
+    def step(self, samples: list[batching.Sample]) -> dict[str, float]:
+        """One optimizer step over this rank's share of `samples`."""
+        self.model.train()
+        shard = batching.assign_advantages(samples)[self.rank :: self.world]
+        batch = batching.collate(shard, int(self.tokenizer.pad_token_id or 0))
+        stats: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = self.policy.trainer.micro_batch_size
+        for start in range(0, batch.input_ids.shape[0], micro):
+            part = slice(start, start + micro)
+            logits = self.model(
+                input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
+            ).logits
+            new = batching.token_logprobs(
+                logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
+            )
+            loss, stats = grpo.grpo_loss(
+                new,
+                batch.old_logprobs[part],
+                batch.advantages[part],
+                batch.loss_mask[part],
+                clip_low=self.algo.clip_low,
+                clip_high=self.algo.clip_high,
+                tis_cap=self.algo.tis_cap,
+                prox_logprobs=new.detach(),
+                num_tokens=float(max(1, batch.num_tokens)),
+            )
+            loss.backward()  # type: ignore[no-untyped-call]
+        self._average_gradients()
+        torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.policy.trainer.optimizer.grad_clip
+        )
+        self.optimizer.step()
+        self.state.step += 1
+        stats["reward"] = float(batch.rewards.mean())
+        return stats
+
+    def _average_gradients(self) -> None:
+        if self.world == 1:
+            return
+        for param in self.model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad)
+            param.grad /= self.world
+
+
+def to_samples(trajectories: list[Trajectory]) -> list[batching.Sample]:
+    return [
+        batching.Sample(
+            prompt_ids=t.prompt_tokens,
+            completion_ids=t.tokens,
+            behaviour_logprobs=t.logprobs,
+            reward=t.reward,
+            group_id=t.group_id,
+            weight_version=t.weight_version,
+        )
+        for t in trajectories
+    ]
+
+
+async def pull_batch(
+    rt: Runtime, sub: Any, want: int, *, version: int, max_staleness: int
+) -> tuple[list[Trajectory], list[Msg], int]:
+    """`want` fresh trajectories with their messages (ack later), and how many were stale."""
+    kept: list[Trajectory] = []
+    msgs: list[Msg] = []
+    dropped = 0
+    while len(kept) < want and not rt.stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            for msg in await sub.fetch(want - len(kept), timeout=1.0):
+                try:
+                    trajectory = Trajectory.model_validate_json(msg.data)
+                except ValidationError as err:
+                    await rt.dead_letter(msg.subject, msg.data, f"malformed trajectory: {err}")
+                    await msg.term()
+                    continue
+                fresh, stale = grpo.filter_stale(
+                    [trajectory], current_version=version, max_staleness=max_staleness
+                )
+                dropped += stale
+                if stale:
+                    await msg.ack()
+                else:
+                    kept.extend(fresh)
+                    msgs.append(msg)
+    return kept, msgs, dropped
+
+
+class Leader:
+    """Rank 0's NATS side: bundle, weight publication, trajectories, heartbeats, metrics."""
+
+    def __init__(self, rt: Runtime, trainer: Trainer, workdir: Path) -> None:
+        self.rt, self.trainer, self.workdir = rt, trainer, workdir
+        self.policy = trainer.policy
+        self.publishing: asyncio.Task[Any] | None = None
+        metrics = os.environ.get("POLYRL_METRICS_FILE")
+        self.metrics = Path(metrics) if metrics else None
+
+    async def start(self) -> Any:
+        export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
+        models.export(self.trainer.model, self.trainer.tokenizer, export)
+        await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
+        store = await WeightStore.open(self.rt.js, self.rt.names.weights_bucket(self.policy.name))
+        every = 1 if self.policy.weight_sync == WeightSync.FULL else self.policy.keyframe_every
+        self.publisher = WeightPublisher(
+            store,
+            self.rt.names,
+            self.policy.name,
+            keyframe_every=every,
+            epoch=self.trainer.state.epoch,
+        )
+        last = await announce.latest(self.rt.js, self.rt.names, self.policy.name)
+        first = max(self.trainer.state.version, last.version if last else -1) + 1
+        await self.publisher.publish(self.trainer.bf16(), version=first)
+        self.trainer.state.version = first
+        return await self.rt.js.pull_subscribe(
+            self.rt.names.trajectories_subject(self.policy.name),
+            durable=CONSUMER,
+            stream=self.rt.names.trajectories_stream(self.policy.name),
+        )
+
+    async def publish_next(self) -> None:
+        """Publish the just-trained weights off the critical path (one in flight)."""
+        if self.publishing is not None:
+            await self.publishing
+        version = self.trainer.state.version + 1
+        self.trainer.state.version = version
+        self.publishing = asyncio.create_task(
+            self.publisher.publish(self.trainer.bf16(), version=version)
+        )
+
+    def record(self, stats: dict[str, float], *, dropped: int, seconds: float) -> None:
+        state = self.trainer.state
+        self.rt.figures = {
+            "step": state.step,
+            "weight_version": state.version,
+            "reward": stats.get("reward"),
+        }
+        if self.metrics is not None:
+            line = {
+                "policy": self.policy.name,
+                "step": state.step,
+                "version": state.version,
+                "stale_dropped": dropped,
+                "step_seconds": round(seconds, 4),
+                **stats,
+                "time": time.time(),
+            }
+            with self.metrics.open("a") as out:
+                out.write(json.dumps(line) + "\n")
+
+
+async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
+    leader = Leader(rt, trainer, workdir)
+    sub = await leader.start()
+    rt.state = WorkerState.TRAINING
+    spec, state = rt.config.spec, trainer.state
+    while not rt.stopping.is_set() and (spec.stop.steps is None or state.step < spec.stop.steps):
+        trajectories, msgs, dropped = await pull_batch(
+            rt,
+            sub,
+            trainer.policy.trainer.batch_size,
+            version=state.version,
+            max_staleness=spec.algorithm.max_staleness,
+        )
+        if rt.stopping.is_set() or not trajectories:
+            break
+        started = time.monotonic()
+        stats = await asyncio.to_thread(trainer.step, to_samples(trajectories))
+        for msg in msgs:
+            await msg.ack()
+        await leader.publish_next()
+        leader.record(stats, dropped=dropped, seconds=time.monotonic() - started)
+        if state.step % trainer.policy.trainer.checkpoint_every == 0:
+            checkpoint.save(trainer.checkpoint_dir, trainer.model, trainer.optimizer, state)
+    if leader.publishing is not None:
+        await leader.publishing
+    checkpoint.save(trainer.checkpoint_dir, trainer.model, trainer.optimizer, state)
+
+
+def workdir_for(config: WorkerConfig) -> Path:
+    root = Path(os.environ.get("POLYRL_TRAINER_DIR", Path(tempfile.gettempdir()) / "polyrl"))
+    return root / config.namespace / config.job / (config.policy or "policy")
+
+
+async def serve(config: WorkerConfig, pod: str) -> None:
+    policy = config.spec.policy(config.policy or "")
+    if policy is None:
+        raise ConfigError(f"policy {config.policy!r} is not in the job's spec")
+    torch.set_num_threads(int(os.environ.get("POLYRL_TORCH_THREADS", "1")))
+    trainer = Trainer(policy, config.spec.algorithm, workdir=workdir_for(config))
+    rt = await Runtime.connect(config, pod)
+    rt.install_signal_handlers()
+    beat = asyncio.create_task(rt.heartbeat_forever())
+    try:
+        await run(rt, trainer, workdir_for(config))
+    finally:
+        beat.cancel()
+        await rt.close()
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        print(
+            "polyrl trainer: data-parallel ranks are not wired yet; use nprocPerNode 1 and "
+            "trainer.replicas 1",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        config, pod = load_config()
+        asyncio.run(serve(config, pod))
+    except ConfigError as err:
+        print(f"polyrl trainer: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
