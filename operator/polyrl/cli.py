@@ -16,20 +16,65 @@ from pathlib import Path
 from polyrl._version import __version__
 
 EXIT_USAGE = 2
-EXIT_NOT_IMPLEMENTED = 3
 
 
 def _run(args: argparse.Namespace) -> int:
-    job: Path = args.job
-    if not job.is_file():
-        print(f"polyrl run: job file {job} does not exist", file=sys.stderr)
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from polyrl.local import jobfile, report, runner
+
+    console = Console(stderr=True)
+    try:
+        job = jobfile.load(args.job)
+    except jobfile.JobFileError as err:
+        print(f"polyrl run: {err}", file=sys.stderr)
         return EXIT_USAGE
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = args.run_dir or Path("runs") / f"{job.metadata.name}-{stamp}"
+    run = runner.LocalRun(job, run_dir)
+    steps = job.spec.stop.steps
+    total = steps * len(job.spec.policies) if steps else None
+    runner.install_signal_handlers()
+    code = 0
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+    )
+    try:
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task(job.metadata.name, total=total, info="starting")
+            run.start()
+
+            def tick() -> None:
+                metrics = report.read_metrics(run.metrics)
+                done = sum(len(r) for r in metrics.values())
+                progress.update(task, completed=done, info=report.summary(metrics))
+
+            runner.wait(run, on_tick=tick)
+            tick()
+    except runner.Interrupted as why:
+        print(
+            f"polyrl run: stopping ({why}): workers finish or hand back their work", file=sys.stderr
+        )
+        code = 130
+    except RuntimeError as err:
+        print(f"polyrl run: {err}", file=sys.stderr)
+        code = 1
+    finally:
+        run.stop()
+    plotted = report.plot(report.read_metrics(run.metrics), run_dir / "plot.png")
     print(
-        "polyrl run: not implemented yet: the local runner arrives with the data-plane issue "
-        f"(#4). {job} was not started.",
+        f"run directory: {run_dir} (metrics.jsonl, plot.png, trainers/ checkpoints, logs/)",
         file=sys.stderr,
     )
-    return EXIT_NOT_IMPLEMENTED
+    if plotted is None:
+        print("polyrl run: no trainer step finished; see the logs", file=sys.stderr)
+    return code
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,6 +85,12 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "nats-server and the same worker processes the operator would start as pods.",
     )
     p.add_argument("job", type=Path, metavar="JOB", help="an RLJob manifest (YAML)")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where metrics, plot, checkpoints and logs go (default runs/<job>-<time>)",
+    )
     p.set_defaults(func=_run)
 
 

@@ -42,4 +42,4 @@ def test_run_with_a_missing_job_file_names_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli.main(["run", str(tmp_path / "nope.yaml")]) == cli.EXIT_USAGE
-    assert "nope.yaml does not exist" in capsys.readouterr().err
+    assert "no such job file" in capsys.readouterr().err

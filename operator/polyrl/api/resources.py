@@ -86,6 +86,17 @@ class TrainerSpec(ApiModel):
     micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward pass.")
     optimizer: Optimizer = Field(default_factory=Optimizer, description="AdamW settings.")
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        le=100000,
+        description="Supervised warm-up steps on the task's answers before RL, for the workflow's first policy (GRPO needs some correct samples to learn from).",
+    )
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="Steps between greedy held-out accuracy evaluations of the workflow's first policy (0: never).",
+    )
     restart_limit: int = Field(
         3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed."
     )

@@ -45,6 +45,7 @@ class NatsServer:
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="polyrl-nats-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port
         self.monitor_port = 0
         self.ready_timeout = ready_timeout

@@ -87,6 +87,19 @@ def stop(proc: Managed, *, grace: float = 10.0) -> None:
     _reap(proc)
 
 
+def stop_all(procs: list[Managed], *, grace: float = 10.0) -> None:
+    """Like `stop`, for many at once: all get SIGTERM together and share one grace period."""
+    alive = [p for p in procs if p.alive()]
+    for proc in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.alive() for p in alive):
+        time.sleep(0.05)
+    for proc in procs:
+        stop(proc, grace=0)
+
+
 def _reap(proc: Managed) -> None:
     if proc.popen is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -36,7 +36,7 @@ from polyrl.api.launch import WorkerConfig
 from polyrl.api.messages import WorkerState
 from polyrl.api.resources import AlgorithmSpec, PolicySpec, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import batching, bundle, checkpoint, grpo
+from polyrl.workers import batching, bundle, checkpoint, grpo, tasks, warmup
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.publish import WeightPublisher
@@ -161,6 +161,45 @@ async def pull_batch(
     return kept, msgs, dropped
 
 
+WARMUP_LR = 3e-3  # measured on the tiny model: 150 steps take 1-digit addition from 0 to ~0.9
+EVAL_PROBLEMS = 1000
+
+
+def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
+    """Supervised warm-up of the workflow's first policy, once, before version 0."""
+    first = spec.policies[0].name == trainer.policy.name
+    steps = trainer.policy.trainer.warmup_steps
+    if not first or steps == 0 or trainer.state.step > 0 or trainer.state.epoch > 0:
+        return {}
+    task = tasks.load_task(spec.workflow.task)
+    return warmup.supervised_warmup(
+        trainer.model,
+        trainer.tokenizer,
+        task,
+        steps=steps,
+        batch_size=32,
+        lr=WARMUP_LR,
+        seed=spec.workflow.task.seed,
+    )
+
+
+def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
+    """Greedy accuracy on the task's fixed held-out split (first policy, every evalEvery)."""
+    every = trainer.policy.trainer.eval_every
+    if every == 0 or spec.policies[0].name != trainer.policy.name or trainer.state.step % every:
+        return {}
+    task = tasks.load_task(spec.workflow.task)
+    torch.nn.Module.eval(trainer.model)
+    accuracy = warmup.greedy_accuracy(
+        trainer.model,
+        trainer.tokenizer,
+        task.held_out()[:EVAL_PROBLEMS],
+        max_new_tokens=spec.algorithm.max_new_tokens,
+        reward=task.reward,
+    )
+    return {"accuracy": accuracy}
+
+
 class Leader:
     """Rank 0's NATS side: bundle, weight publication, trajectories, heartbeats, metrics."""
 
@@ -172,6 +211,9 @@ class Leader:
         self.metrics = Path(metrics) if metrics else None
 
     async def start(self) -> Any:
+        warmed = await asyncio.to_thread(warm_start, self.trainer, self.rt.config.spec)
+        if warmed:
+            log.info("supervised warm-up: %s", warmed)
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
         models.export(self.trainer.model, self.trainer.tokenizer, export)
         await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
@@ -242,6 +284,7 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
             break
         started = time.monotonic()
         stats = await asyncio.to_thread(trainer.step, to_samples(trajectories))
+        stats |= await asyncio.to_thread(evaluate, trainer, spec)
         for msg in msgs:
             await msg.ack()
         await leader.publish_next()

@@ -1,0 +1,41 @@
+"""Reading a job file for `polyrl run`: the same models as the API server, readable errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from polyrl.api.resources import RLJob
+
+LOCAL_NAMESPACE = "local"
+
+
+class JobFileError(ValueError):
+    """The job file cannot be run; the message names the file and the field."""
+
+
+def load(path: Path) -> RLJob:
+    if not path.is_file():
+        raise JobFileError(f"{path}: no such job file")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise JobFileError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "RLJob":
+        raise JobFileError(f"{path}: expected a manifest of kind RLJob")
+    doc.setdefault("metadata", {})["namespace"] = LOCAL_NAMESPACE
+    doc.pop("status", None)
+    try:
+        return RLJob.model_validate(doc)
+    except ValidationError as err:
+        raise JobFileError(f"{path}: invalid RLJob:\n{_explain(err)}") from None
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for problem in err.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        lines.append(f"  {where}: {problem['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""The local runner: `plan()`'s WorkerLaunches as processes around an embedded nats-server.
+
+There is no second way of wiring the system: each launch's command and env are used as
+the operator would put them in a Pod (`$(VAR)` expanded the same way), with three local
+additions: the process is named like its pod (POLYRL_POD_NAME), workers write metrics and
+checkpoints into the run directory, and torch uses one thread per process (on a small
+machine, more threads per process only contend). Every process is tracked by PID, in its
+own process group, and stopped on exit, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from polyrl.api import plan
+from polyrl.api.launch import POD_NAME_ENV, Role, WorkerLaunch
+from polyrl.api.resources import RLJob
+from polyrl.testing import processes
+from polyrl.testing.natsserver import NatsServer
+from polyrl.testing.nodeagent.podenv import expand
+
+
+@dataclass
+class LocalRun:
+    job: RLJob
+    run_dir: Path
+    procs: dict[str, processes.Managed] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
+    nats: NatsServer | None = None
+
+    @property
+    def metrics(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsServer(self.run_dir / "nats")
+        self.nats.start()
+        for launch in plan.plan(self.job, nats_url=self.nats.url).launches:
+            self._spawn(launch)
+
+    def _spawn(self, launch: WorkerLaunch) -> None:
+        env = {
+            **os.environ,
+            **launch.env,
+            POD_NAME_ENV: launch.name,
+            "POLYRL_NAMESPACE": self.job.metadata.namespace,
+            "POLYRL_METRICS_FILE": str(self.metrics),
+            "POLYRL_TRAINER_DIR": str(self.run_dir / "trainers"),
+            "POLYRL_TORCH_THREADS": os.environ.get("POLYRL_TORCH_THREADS", "1"),
+            "OMP_NUM_THREADS": "1",
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        }
+        argv = [expand(part, env) for part in launch.command]
+        self.procs[launch.name] = processes.start(
+            launch.name, argv, log=self.run_dir / "logs" / f"{launch.name}.log", env=env
+        )
+        self.roles[launch.name] = str(launch.role)
+
+    def trainers_done(self) -> bool:
+        trainers = [p for n, p in self.procs.items() if self.roles[n] == Role.TRAINER]
+        return bool(trainers) and not any(p.alive() for p in trainers)
+
+    def failed(self) -> list[str]:
+        """Processes that exited with an error (a trainer's clean exit is not a failure)."""
+        bad = []
+        for name, proc in self.procs.items():
+            code = proc.popen.poll() if proc.popen is not None else None
+            if code not in (None, 0):
+                bad.append(f"{name} (exit {code}; log {proc.log})")
+        return bad
+
+    def stop(self) -> None:
+        processes.stop_all(list(self.procs.values()), grace=20)
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: stop everything cleanly."""
+
+
+def install_signal_handlers() -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def wait(run: LocalRun, *, poll: float = 1.0, on_tick: object = None) -> None:
+    while not run.trainers_done():
+        if run.failed():
+            raise RuntimeError("a worker failed: " + "; ".join(run.failed()))
+        if callable(on_tick):
+            on_tick()
+        time.sleep(poll)

@@ -1,0 +1,87 @@
+"""`polyrl run` end to end on a tiny job: real processes, real NATS, real training steps."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+JOB = """\
+apiVersion: polyrl.dev/v1alpha1
+kind: RLJob
+metadata: {name: tiny}
+spec:
+  policies:
+  - name: solver
+    model: {path: "tiny-llama://e2e-run"}
+    trainer: {batchSize: 16, microBatchSize: 16, checkpointEvery: 2, warmupSteps: 60, evalEvery: 2}
+    rollout: {replicas: 1, maxBatchSize: 16}
+  workflow: {name: single, episodesInFlight: 2, task: {name: arithmetic, params: {digits: 1}}}
+  algorithm: {groupSize: 4, maxNewTokens: 3}
+  stop: {steps: STEPS}
+"""
+
+
+def processes_of(run_dir: Path) -> list[int]:
+    """PIDs whose environment points into `run_dir` (the run's workers), by inspection."""
+    marker = f"POLYRL_METRICS_FILE={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def start(tmp_path: Path, steps: int) -> tuple[subprocess.Popen[str], Path]:
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.replace("STEPS", str(steps)))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polyrl.cli", "run", str(job), "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    return proc, run_dir
+
+
+def test_a_short_run_trains_publishes_and_leaves_metrics_plot_and_checkpoints(
+    tmp_path: Path,
+) -> None:
+    proc, run_dir = start(tmp_path, steps=3)
+    out, _ = proc.communicate(timeout=420)
+    assert proc.returncode == 0, out[-3000:]
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    assert [x["version"] for x in lines] == [1, 2, 3]
+    assert "accuracy" in lines[1]
+    assert (run_dir / "plot.png").stat().st_size > 1000
+    assert (run_dir / "trainers" / "local" / "tiny" / "solver" / "checkpoint").is_dir()
+    assert f"run directory: {run_dir}" in " ".join(out.split())
+
+
+def test_ctrl_c_stops_every_process_cleanly(tmp_path: Path) -> None:
+    proc, run_dir = start(tmp_path, steps=10000)
+    deadline = time.monotonic() + 300
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text()):
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(1)
+    assert metrics.read_text(), "no trainer step within 300 s"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "stopping" in out
+    assert processes_of(run_dir) == []  # every worker and the nats-server are gone
