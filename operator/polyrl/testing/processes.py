@@ -87,17 +87,66 @@ def stop(proc: Managed, *, grace: float = 10.0) -> None:
     _reap(proc)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, found through /proc's parent links.
+
+    Some launchers (torchrun) start their children in sessions of their own, out of reach
+    of a process-group signal; stopping by PID must still reach them.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or None if it is gone or a zombie;
+    with the PID it names one process, so a recycled PID is never signalled."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _signal_if_same(pid: int, start: str | None, sig: signal.Signals) -> None:
+    if start is not None and _start_time(pid) == start:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def stop_all(procs: list[Managed], *, grace: float = 10.0) -> None:
-    """Like `stop`, for many at once: all get SIGTERM together and share one grace period."""
+    """Like `stop`, for many at once: all get SIGTERM together and share one grace period;
+    their descendants too, wherever their launcher put them."""
     alive = [p for p in procs if p.alive()]
+    family = [(d, _start_time(d)) for p in alive for d in descendants(p.pid)]
     for proc in alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)
+    for pid, start in family:
+        _signal_if_same(pid, start, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(p.alive() for p in alive):
+
+    def family_alive() -> bool:
+        return any(start is not None and _start_time(pid) == start for pid, start in family)
+
+    while time.monotonic() < deadline and (any(p.alive() for p in alive) or family_alive()):
         time.sleep(0.05)
     for proc in procs:
         stop(proc, grace=0)
+    for pid, start in family:
+        _signal_if_same(pid, start, signal.SIGKILL)
 
 
 def _reap(proc: Managed) -> None:
