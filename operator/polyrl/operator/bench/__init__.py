@@ -28,41 +28,41 @@ Progress goes to stderr; the figures are returned as a dict (stdout is the CLI's
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import statistics
-import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client.parser import text_string_to_metric_families
 
-from polyrl.api import crds, naming
+from polyrl.api import naming
 from polyrl.api.base import GROUP, VERSION
-from polyrl.operator.settings import OperatorSettings
-from polyrl.testing import processes, tools
-from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
-from polyrl.testing.natsserver import NatsServer
-
-NAMESPACE = "polyrl-bench"
-POLICIES = ("solver", "verifier")
-SCALE_STEP = 10
-WATCH_SECONDS = 1  # each pod watch request is this short, so the watch stops promptly
-STATUS_INTERVAL = OperatorSettings().status_interval  # the operator's default
-API_REQUESTS = "polyrl_operator_api_requests_total"
-RECONCILES = "polyrl_operator_reconciles_total"
+from polyrl.operator.bench.common import (
+    API_REQUESTS,
+    NAMESPACE,
+    POLICIES,
+    RECONCILES,
+    SCALE_STEP,
+    STATUS_INTERVAL,
+    say,
+)
+from polyrl.operator.bench.podwatch import (
+    active_rollouts,
+    all_running,
+    leaving_rollouts,
+    new_rollouts,
+    nth_time,
+    pods_of_job,
+    rollouts_of,
+)
+from polyrl.operator.bench.stack import Env, environment
+from polyrl.testing.kube import wait_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +97,6 @@ def config(*, quick: bool) -> Config:
 
 
 # --- small figures ------------------------------------------------------------------------
-
-
-def say(message: str) -> None:
-    """A progress line on stderr (stdout carries the JSON)."""
-    print(f"[bench operator {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -233,305 +228,6 @@ def wait_all_running(api: client.ApiClient, count: int, timeout: float) -> float
 
 
 # --- pod watch ----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class SeenPod:
-    name: str
-    labels: dict[str, str]
-    added: float
-    running: float | None = None
-    leaving: float | None = None  # deletionTimestamp seen, or the pod is gone
-
-
-Predicate = Callable[[dict[str, SeenPod]], float | None]
-
-
-@dataclass
-class PodWatch:
-    """Every pod of the namespace by UID, with when this process first saw it exist, run
-    and leave. A daemon thread follows one watch; `wait` blocks on a predicate over it."""
-
-    api: client.ApiClient
-    pods: dict[str, SeenPod] = field(default_factory=dict)
-    error: BaseException | None = None
-    _cond: threading.Condition = field(default_factory=threading.Condition)
-    _stopped: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        core = client.CoreV1Api(self.api)
-        listed = core.list_namespaced_pod(NAMESPACE, _preload_content=False)
-        doc = json.loads(listed.data)
-        for item in doc["items"]:
-            self._record("ADDED", item)
-        version = doc["metadata"]["resourceVersion"]
-        self._thread = threading.Thread(
-            target=self._follow, args=(version,), name="pod-watch", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ends within one short watch (WATCH_SECONDS): a response cannot be closed safely
-        from another thread while it is being read."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(timeout=WATCH_SECONDS + 5)
-
-    def _follow(self, version: str) -> None:
-        core = client.CoreV1Api(self.api)
-        try:
-            while not self._stopped.is_set():
-                version = self._follow_once(core, version)
-        except BaseException as err:  # surfaced by wait()
-            self.error = err
-            with self._cond:
-                self._cond.notify_all()
-
-    def _follow_once(self, core: client.CoreV1Api, version: str) -> str:
-        """One watch request from `version`; returns the last version seen."""
-        resp = core.list_namespaced_pod(
-            NAMESPACE,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_SECONDS,
-            _preload_content=False,
-        )
-        try:
-            for line in iter_resp_lines(resp):
-                if not line:
-                    continue
-                event = json.loads(line)
-                if event["type"] == "ERROR":
-                    raise RuntimeError(f"pod watch failed: {event['object']}")
-                version = event["object"]["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    self._record(event["type"], event["object"])
-        finally:
-            resp.close()
-            resp.release_conn()
-        return version
-
-    def _record(self, kind: str, obj: dict[str, Any]) -> None:
-        now = time.monotonic()
-        meta, status = obj["metadata"], obj.get("status") or {}
-        with self._cond:
-            seen = self.pods.get(meta["uid"])
-            if seen is None:
-                seen = self.pods[meta["uid"]] = SeenPod(meta["name"], meta.get("labels") or {}, now)
-            if seen.running is None and status.get("phase") == "Running":
-                seen.running = now
-            if seen.leaving is None and (kind == "DELETED" or meta.get("deletionTimestamp")):
-                seen.leaving = now
-            self._cond.notify_all()
-
-    def snapshot(self) -> dict[str, SeenPod]:
-        with self._cond:
-            return dict(self.pods)
-
-    def wait(self, what: str, predicate: Predicate, timeout: float) -> float:
-        """Block until `predicate(pods)` returns a time, and return it."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                if self.error is not None:
-                    raise RuntimeError(f"pod watch stopped: {self.error!r}")
-                found = predicate(self.pods)
-                if found is not None:
-                    return found
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-                self._cond.wait(min(left, 1.0))
-
-
-def nth_time(times: list[float], n: int) -> float | None:
-    """When the n-th of these events happened, or None before that."""
-    if n <= 0:
-        return time.monotonic()
-    return sorted(times)[n - 1] if len(times) >= n else None
-
-
-def pods_of_job(job: str, count: int) -> Predicate:
-    return lambda pods: nth_time(
-        [p.added for p in pods.values() if p.labels.get(naming.L_JOB) == job], count
-    )
-
-
-def rollouts_of(group: str, pods: dict[str, SeenPod]) -> dict[str, SeenPod]:
-    return {
-        uid: p
-        for uid, p in pods.items()
-        if p.labels.get(naming.L_GROUP) == group and p.labels.get(naming.L_ROLE) == "rollout"
-    }
-
-
-def new_rollouts(group: str, before: set[str], count: int) -> Predicate:
-    return lambda pods: nth_time(
-        [p.added for uid, p in rollouts_of(group, pods).items() if uid not in before], count
-    )
-
-
-def all_running(uids: set[str]) -> Predicate:
-    return lambda pods: nth_time(
-        [p.running for uid, p in pods.items() if uid in uids and p.running is not None],
-        len(uids),
-    )
-
-
-def leaving_rollouts(group: str, before: set[str], count: int) -> Predicate:
-    return lambda pods: nth_time(
-        [p.leaving for uid, p in rollouts_of(group, pods).items() if uid in before and p.leaving],
-        count,
-    )
-
-
-def active_rollouts(group: str, watch: PodWatch) -> set[str]:
-    return {uid for uid, p in rollouts_of(group, watch.snapshot()).items() if p.leaving is None}
-
-
-# --- the environment ----------------------------------------------------------------------
-
-
-@dataclass
-class Env:
-    cluster: Cluster
-    kubectl: Kubectl
-    api: client.ApiClient
-    nats: NatsServer
-    operator: processes.Managed
-    metrics_url: str
-    watch: PodWatch
-
-
-def start_cluster(workdir: Path, stack: contextlib.ExitStack) -> tuple[Cluster, Kubectl]:
-    paths = tools.ensure()
-    cluster = Cluster(
-        workdir / "k8s", tool_paths=paths, nodes=["polyrl-bench-0,capacity.pods=500"], mode="status"
-    )
-    cluster.start()
-    stack.callback(stop_cluster, cluster)
-    return cluster, Kubectl(paths.kubectl, cluster.kubeconfig)
-
-
-def stop_cluster(cluster: Cluster) -> None:
-    """Stop the cluster's processes all at once, with a short grace (they are SIGKILLed after
-    half a second: their data is thrown away), then let `Cluster.stop` tidy up. Saves the tens of seconds a one-by-one graceful
-    stop of the API server and friends takes."""
-    procs = [cluster.agent, *cluster.control_plane.procs]
-    threads = [
-        threading.Thread(target=_timed_stop, args=(proc,), daemon=True)
-        for proc in procs
-        if proc is not None
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    cluster.stop()
-    say("stopped the control plane")
-
-
-def _timed_stop(proc: processes.Managed) -> None:
-    started = time.monotonic()
-    processes.stop(proc, grace=0.5)
-    say(f"stopped {proc.name} in {time.monotonic() - started:.1f}s")
-
-
-def install_crds(kubectl: Kubectl) -> None:
-    """The CRDs generated from the API models (what `crds/` holds), so no checkout is needed."""
-    manifest = yaml.safe_dump_all(list(crds.all_crds().values()), sort_keys=False)
-    kubectl.apply(manifest, "--server-side", "--force-conflicts")
-    for crd in ("rljobs.polyrl.dev", "policygroups.polyrl.dev"):
-        kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
-
-
-def make_namespace(kubectl: Kubectl) -> None:
-    kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n")
-    wait_for(
-        f"the default ServiceAccount in {NAMESPACE}",
-        lambda: kubectl("get", "sa", "default", "-n", NAMESPACE, check=False).returncode == 0,
-    )
-
-
-def start_operator(
-    workdir: Path, kubeconfig: Path, nats_url: str, stack: contextlib.ExitStack
-) -> tuple[processes.Managed, str, str]:
-    """`python -m polyrl.operator --standalone` with metrics, not waited for; returns it,
-    its metrics URL and its liveness URL."""
-    metrics_port, live_port = processes.free_port(), processes.free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "POLYRL_NATS_URL": nats_url,
-        "POLYRL_STATUS_INTERVAL": str(STATUS_INTERVAL),
-    }
-    proc = processes.start(
-        "operator",
-        [
-            sys.executable,
-            "-m",
-            "polyrl.operator",
-            "--standalone",
-            "--metrics-port",
-            str(metrics_port),
-            "--liveness",
-            f"http://127.0.0.1:{live_port}/healthz",
-        ],
-        log=workdir / "operator.log",
-        env=env,
-    )
-    stack.callback(_timed_stop, proc)
-    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-    return proc, metrics, f"http://127.0.0.1:{live_port}/healthz"
-
-
-def wait_operator(proc: processes.Managed, liveness_url: str) -> None:
-    wait_for("the operator's liveness probe", lambda: _answers(liveness_url, proc), timeout=60)
-
-
-def _answers(url: str, proc: processes.Managed) -> bool:
-    if not proc.alive():
-        raise RuntimeError(f"the operator exited:\n{processes.tail(proc.log)}")
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def environment(workdir: Path) -> Iterator[Env]:
-    """Everything started, in order; everything stopped by PID on the way out."""
-    with contextlib.ExitStack() as stack:
-        say("starting nats-server and the control plane (status-mode node agent)")
-        (workdir / "nats").mkdir()
-        nats = stack.enter_context(NatsServer(workdir / "nats"))
-        cluster, kubectl = start_cluster(workdir, stack)
-        say(f"control plane up: {cluster.control_plane.timings.summary()}")
-        install_crds(kubectl)
-        operator, metrics_url, live_url = start_operator(
-            workdir, cluster.kubeconfig, nats.url, stack
-        )
-        make_namespace(kubectl)  # while the operator starts
-        api = cluster.api()
-        stack.callback(api.close)
-        wait_operator(operator, live_url)
-        watch = PodWatch(api)
-        watch.start()
-        stack.callback(watch.stop)
-        stack.callback(say, "stopping")
-        say(f"operator up (pid {operator.pid})")
-        env = Env(cluster, kubectl, api, nats, operator, metrics_url, watch)
-        try:
-            yield env
-        except BaseException:
-            print(f"operator log tail:\n{processes.tail(operator.log, 30)}", file=sys.stderr)
-            raise
-
-
-# --- the measurements ---------------------------------------------------------------------
 
 
 def measure_apply(env: Env, count: int) -> list[float]:
