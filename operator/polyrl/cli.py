@@ -175,6 +175,42 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_bench)
 
 
+def _export(args: argparse.Namespace) -> int:
+    try:
+        from polyrl.workers import export
+    except ModuleNotFoundError as err:
+        print(f"polyrl export: unavailable ({err}); install polyrl[train]", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        checkpoint = export.find_checkpoint(args.source, args.policy)
+        out = export.export_checkpoint(checkpoint, args.output, dtype=args.dtype)
+    except export.ExportError as err:
+        print(f"polyrl export: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"exported {checkpoint} -> {out} ({args.dtype})")
+    return 0
+
+
+def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a trained policy as a Hugging Face directory",
+        description="Export a trainer checkpoint as a Hugging Face directory (config.json, "
+        "tokenizer, model.safetensors) that transformers' AutoModelForCausalLM and "
+        "AutoTokenizer load. SOURCE is a checkpoint directory or a `polyrl run` run directory.",
+    )
+    p.add_argument("source", type=Path, metavar="SOURCE", help="checkpoint or run directory")
+    p.add_argument("output", type=Path, metavar="OUTPUT", help="new directory to write")
+    p.add_argument("--policy", help="which policy of a run directory (needed if several)")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16", "float32"),
+        help="dtype of the exported weights (default bfloat16, what rollouts serve)",
+    )
+    p.set_defaults(func=_export)
+
+
 def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser(
         "worker",
@@ -205,6 +241,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     _add_operator,
     _add_worker,
     _add_bench,
+    _add_export,
 ]
 
 

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,8 +32,18 @@ class TrainerState:
 
 
 def save(
-    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState
+    directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    *,
+    tokenizer: Any = None,
 ) -> None:
+    """Write the checkpoint; with the model's config and `tokenizer` it is also an HF directory.
+
+    The config and tokenizer make a checkpoint self-describing: `polyrl export` (and
+    `AutoModelForCausalLM.from_pretrained`) need nothing but the directory.
+    """
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".ckpt.", dir=directory.parent))
     try:
@@ -40,6 +51,11 @@ def save(
         save_file(_untie(weights), str(staging / WEIGHTS))
         torch.save(optimizer.state_dict(), staging / OPTIMIZER)
         (staging / STATE).write_text(json.dumps(asdict(state)))
+        config = getattr(model, "config", None)
+        if config is not None:
+            config.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
         old = directory.with_name(directory.name + ".old")
         if directory.exists():
             os.replace(directory, old)

@@ -69,6 +69,11 @@ class Trainer:
         self.checkpoint_dir = workdir / "checkpoint"
         self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
 
+    def save(self) -> None:
+        checkpoint.save(
+            self.checkpoint_dir, self.model, self.optimizer, self.state, tokenizer=self.tokenizer
+        )
+
     def bf16(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
 
@@ -290,10 +295,10 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         await leader.publish_next()
         leader.record(stats, dropped=dropped, seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
-            checkpoint.save(trainer.checkpoint_dir, trainer.model, trainer.optimizer, state)
+            trainer.save()
     if leader.publishing is not None:
         await leader.publishing
-    checkpoint.save(trainer.checkpoint_dir, trainer.model, trainer.optimizer, state)
+    trainer.save()
 
 
 def workdir_for(config: WorkerConfig) -> Path:
