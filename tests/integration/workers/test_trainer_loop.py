@@ -26,7 +26,7 @@ from polyrl.workers.runtime import Runtime
 pytestmark = pytest.mark.slow
 
 
-def spec(steps: int) -> RLJobSpec:
+def spec(steps: int, mode: str = "async") -> RLJobSpec:
     return RLJobSpec.model_validate(
         {
             "policies": [
@@ -43,7 +43,7 @@ def spec(steps: int) -> RLJobSpec:
                 "episodesInFlight": 2,
                 "task": {"name": "arithmetic", "params": {"digits": 1}},
             },
-            "algorithm": {"groupSize": 4, "maxNewTokens": 3, "maxStaleness": 4},
+            "algorithm": {"mode": mode, "groupSize": 4, "maxNewTokens": 3, "maxStaleness": 4},
             "stop": {"steps": steps},
         }
     )
@@ -122,3 +122,46 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
     await rollout_rt.close()
     await runner_rt.close()
     await nc.close()
+
+
+async def test_sync_mode_trains_each_step_only_on_samples_of_the_current_weights(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("POLYRL_METRICS_FILE", str(metrics))
+    names = JobNames(namespace="t", job=f"sync{uuid.uuid4().hex[:6]}")
+    job = spec(steps=3, mode="sync")
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    training = asyncio.create_task(run_trainer(nats_server.url, names, job, tmp_path / "tr"))
+    workers = []
+    for role, pod in ((Role.ROLLOUT, "rollout-0"), (Role.WORKFLOW, "workflow-0")):
+        config = WorkerConfig(
+            namespace="t",
+            job=names.job,
+            role=role,
+            policy="solver" if role == Role.ROLLOUT else None,
+            nats_url=nats_server.url,
+            spec=job,
+        )
+        workers.append(await Runtime.connect(config, pod))
+    rollout = await main.build_rollout(workers[0], bundle_timeout=60)
+    runner = main.build_workflow(workers[1])
+    running = [asyncio.create_task(rollout.run()), asyncio.create_task(runner.run())]
+    try:
+        await asyncio.wait_for(training, timeout=300)
+    finally:
+        for rt in workers:
+            rt.stopping.set()
+        await asyncio.gather(*running, return_exceptions=True)
+        for rt in workers:
+            await rt.close()
+        await nc.close()
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    # Every sample of every step came from the weights being trained, and none was wasted:
+    # a round is exactly one batch (2 episodes x 4 samples).
+    assert all(x["staleness"] == 0 and x["stale_dropped"] == 0 for x in lines), lines
+    assert runner.gate is not None
+    assert runner.gate.rounds >= 3
+    assert runner.gate.waited > 0  # the runner did wait for each step's weights

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from polyrl.api.launch import WorkerConfig
 from polyrl.api.messages import WorkerState
-from polyrl.api.resources import AlgorithmSpec, PolicySpec, WeightSync
+from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, WeightSync
 from polyrl.api.wire import Trajectory
 from polyrl.workers import batching, bundle, checkpoint, grpo, tasks, warmup
 from polyrl.workers import model as models
@@ -112,6 +112,8 @@ class Trainer:
         self.optimizer.step()
         self.state.step += 1
         stats["reward"] = float(batch.rewards.mean())
+        ages = [self.state.version - s.weight_version for s in samples]
+        stats["staleness"] = sum(ages) / len(ages)
         return stats
 
     def _average_gradients(self) -> None:
@@ -277,13 +279,17 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
     sub = await leader.start()
     rt.state = WorkerState.TRAINING
     spec, state = rt.config.spec, trainer.state
+    sync = spec.algorithm.mode == Mode.SYNC
+    # Sync mode trains only on the current version's samples, with nothing overlapped.
+    max_staleness = 0 if sync else spec.algorithm.max_staleness
     while not rt.stopping.is_set() and (spec.stop.steps is None or state.step < spec.stop.steps):
+        waiting = time.monotonic()
         trajectories, msgs, dropped = await pull_batch(
             rt,
             sub,
             trainer.policy.trainer.batch_size,
             version=state.version,
-            max_staleness=spec.algorithm.max_staleness,
+            max_staleness=max_staleness,
         )
         if rt.stopping.is_set() or not trajectories:
             break
@@ -293,6 +299,9 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         for msg in msgs:
             await msg.ack()
         await leader.publish_next()
+        if sync and leader.publishing is not None:
+            await leader.publishing
+        stats["wait_seconds"] = started - waiting
         leader.record(stats, dropped=dropped, seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
             trainer.save()

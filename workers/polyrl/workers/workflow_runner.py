@@ -23,8 +23,11 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from polyrl.api.messages import WorkerState
+from polyrl.api.resources import Mode
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
+from polyrl.workers.deltas import announce
 from polyrl.workers.runtime import Runtime
+from polyrl.workers.syncmode import RoundGate, per_runner_need
 from polyrl.workers.workflows import Episode, Workflow
 
 log = logging.getLogger("polyrl.workflow")
@@ -59,6 +62,19 @@ class WorkflowRunner:
         self.episodes = 0
         self.failed = 0
         self.recent: dict[str, list[float]] = {}
+        self.gate = self._sync_gate() if rt.config.spec.algorithm.mode == Mode.SYNC else None
+
+    def _sync_gate(self) -> RoundGate:
+        spec = self.rt.config.spec
+        batches = {p.name: p.trainer.batch_size for p in spec.policies}
+        return RoundGate(per_runner_need(batches, spec.workflow.replicas), self._latest_versions)
+
+    async def _latest_versions(self) -> dict[str, int]:
+        versions = {}
+        for policy in self.rt.config.spec.policies:
+            latest = await announce.latest(self.rt.js, self.rt.names, policy.name)
+            versions[policy.name] = latest.version if latest is not None else 0
+        return versions
 
     async def run(self) -> None:
         await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
@@ -87,6 +103,8 @@ class WorkflowRunner:
                 _generate=self._generate,
                 _emit=self._emit,
             )
+            if self.gate is not None:
+                await self.gate.admit()
             try:
                 await self.workflow(episode)
                 self.episodes += 1
@@ -95,6 +113,9 @@ class WorkflowRunner:
                 self.failed += 1
                 log.warning("episode %s failed: %s", episode.id, err)
                 await asyncio.sleep(1.0)
+            finally:
+                if self.gate is not None:
+                    await self.gate.done({p: len(r) for p, r in episode.rewards.items()})
 
     def _record(self, episode: Episode) -> None:
         for policy, rewards in episode.rewards.items():
@@ -119,6 +140,7 @@ class WorkflowRunner:
                 n=n,
                 max_new_tokens=max_new,
                 temperature=temperature,
+                min_version=self.gate.min_version(policy) if self.gate is not None else 0,
                 reply_to=self.inbox,
             )
             future: asyncio.Future[GenerationResponse] = asyncio.get_running_loop().create_future()
