@@ -23,6 +23,7 @@ load, for `polyrl export` and for handing a trained policy to other tools.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -31,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -134,19 +136,20 @@ def ensure_tiny_llama(name: str, cache_dir: Path) -> Path:
     if (target / "config.json").exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename into place: processes sharing the cache (trainer
-    # ranks, a test and its workers) never see a half-written directory.
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir))
-    try:
-        model, tokenizer = create_tiny_llama(name)
-        export(model, tokenizer, staging)
-        os.rename(staging, target)
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-        # Another process renamed its copy first; both copies are identical.
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # Processes sharing the cache (trainer ranks, a test and its workers) take turns: the
+    # first builds beside the target and renames it into place, the others then find it.
+    with open(cache_dir / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir))
+        try:
+            model, tokenizer = create_tiny_llama(name)
+            export(model, tokenizer, staging)
+            shutil.rmtree(target, ignore_errors=True)  # a torn copy from an older version
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -165,5 +168,15 @@ def load_directory(
 def export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
     """Write an HF directory (config.json, tokenizer files, model.safetensors) into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # transformers' save_pretrained silently writes nothing on ranks other than 0, but
+        # every rank may need its own copy (one cache per node): write the files directly.
+        model.config.architectures = [type(model).__name__]
+        model.config.save_pretrained(out_dir)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(out_dir)
+        weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

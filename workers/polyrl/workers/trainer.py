@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -82,6 +83,9 @@ class Trainer:
         self.model.train()
         shard = batching.assign_advantages(samples)[self.rank :: self.world]
         batch = batching.collate(shard, int(self.tokenizer.pad_token_id or 0))
+        # Token-mean over the whole step's tokens (every rank sees every sample), divided by
+        # the world size because the gradient all-reduce averages over ranks.
+        step_tokens = sum(len(s.completion_ids) for s in samples) / self.world
         stats: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         micro = self.policy.trainer.micro_batch_size
@@ -102,7 +106,7 @@ class Trainer:
                 clip_high=self.algo.clip_high,
                 tis_cap=self.algo.tis_cap,
                 prox_logprobs=new.detach(),
-                num_tokens=float(max(1, batch.num_tokens)),
+                num_tokens=max(1.0, step_tokens),
             )
             loss.backward()  # type: ignore[no-untyped-call]
         self._average_gradients()
@@ -124,6 +128,23 @@ class Trainer:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad)
             param.grad /= self.world
+
+    def sync_from_leader(self) -> None:
+        """Give every rank rank 0's weights, optimizer state and counters.
+
+        Rank 0 alone warms up and resumes from the checkpoint (other ranks may be on other
+        nodes, without it); from then on identical starts and averaged gradients keep the
+        ranks identical.
+        """
+        if self.world == 1:
+            return
+        for tensor in self.model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+        shared: list[Any] = [self.optimizer.state_dict(), self.state]
+        dist.broadcast_object_list(shared, src=0)
+        if self.rank != 0:
+            self.optimizer.load_state_dict(shared[0])
+            self.state = shared[1]
 
 
 def to_samples(trajectories: list[Trajectory]) -> list[batching.Sample]:
@@ -221,6 +242,7 @@ class Leader:
         warmed = await asyncio.to_thread(warm_start, self.trainer, self.rt.config.spec)
         if warmed:
             log.info("supervised warm-up: %s", warmed)
+        await asyncio.to_thread(self.trainer.sync_from_leader)
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
         models.export(self.trainer.model, self.trainer.tokenizer, export)
         await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
@@ -294,7 +316,10 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         if rt.stopping.is_set() or not trajectories:
             break
         started = time.monotonic()
-        stats = await asyncio.to_thread(trainer.step, to_samples(trajectories))
+        samples = to_samples(trajectories)
+        if trainer.world > 1:
+            await asyncio.to_thread(share_batch, samples)
+        stats = await asyncio.to_thread(trainer.step, samples)
         stats |= await asyncio.to_thread(evaluate, trainer, spec)
         for msg in msgs:
             await msg.ack()
@@ -305,9 +330,25 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         leader.record(stats, dropped=dropped, seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
             trainer.save()
+    if trainer.world > 1:
+        await asyncio.to_thread(share_batch, None)  # tells the other ranks to stop
     if leader.publishing is not None:
         await leader.publishing
     trainer.save()
+
+
+def share_batch(samples: list[batching.Sample] | None) -> list[batching.Sample] | None:
+    """Rank 0 hands the step's samples to every rank (None: training is over)."""
+    box: list[Any] = [samples]
+    dist.broadcast_object_list(box, src=0)
+    result: list[batching.Sample] | None = box[0]
+    return result
+
+
+def follow(trainer: Trainer) -> None:
+    """Ranks other than 0: train on each batch rank 0 shares until it says stop."""
+    while (samples := share_batch(None)) is not None:
+        trainer.step(samples)
 
 
 def workdir_for(config: WorkerConfig) -> Path:
@@ -320,7 +361,14 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     if policy is None:
         raise ConfigError(f"policy {config.policy!r} is not in the job's spec")
     torch.set_num_threads(int(os.environ.get("POLYRL_TORCH_THREADS", "1")))
-    trainer = Trainer(policy, config.spec.algorithm, workdir=workdir_for(config))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    trainer = Trainer(
+        policy, config.spec.algorithm, workdir=workdir_for(config), rank=rank, world=world
+    )
+    if rank != 0:
+        trainer.sync_from_leader()
+        await asyncio.to_thread(follow, trainer)
+        return
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
     beat = asyncio.create_task(rt.heartbeat_forever())
@@ -335,20 +383,35 @@ def main() -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        print(
-            "polyrl trainer: data-parallel ranks are not wired yet; use nprocPerNode 1 and "
-            "trainer.replicas 1",
-            file=sys.stderr,
-        )
-        return 2
     try:
         config, pod = load_config()
+    except ConfigError as err:
+        print(f"polyrl trainer: {err}", file=sys.stderr)
+        return 2
+    init_process_group()
+    try:
         asyncio.run(serve(config, pod))
     except ConfigError as err:
         print(f"polyrl trainer: {err}", file=sys.stderr)
         return 2
+    finally:
+        dist.destroy_process_group()
     return 0
+
+
+def init_process_group() -> None:
+    """gloo on CPU, nccl on GPU; a lone process (no torchrun) is a world of one."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""Data-parallel trainer ranks (gloo on CPU): same step as one rank, and a torchrun job.
+
+The first test is the arithmetic of data parallelism: two ranks, each with half of a batch
+and averaged gradients, must take the same optimizer step as one rank with all of it. The
+second runs the trainer as pods run it, `torchrun --nproc-per-node=2 -m
+polyrl.workers.trainer`, against a real nats-server, with a rollout worker and a workflow
+runner in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import nats
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from polyrl.api import natsconfig
+from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig
+from polyrl.api.naming import JobNames
+from polyrl.api.resources import RLJobSpec
+from polyrl.testing import processes
+from polyrl.testing.natsserver import NatsServer
+from polyrl.workers import batching, checkpoint, main, trainer
+from polyrl.workers.runtime import Runtime
+
+pytestmark = pytest.mark.slow
+
+
+def job_spec(steps: int = 3) -> RLJobSpec:
+    return RLJobSpec.model_validate(
+        {
+            "policies": [
+                {
+                    "name": "solver",
+                    "model": {"path": "tiny-llama://dp-test"},
+                    "trainer": {"batchSize": 8, "microBatchSize": 8, "nprocPerNode": 2},
+                    "rollout": {"maxBatchSize": 16},
+                }
+            ],
+            "workflow": {
+                "name": "single",
+                "episodesInFlight": 2,
+                "task": {"name": "arithmetic", "params": {"digits": 1}},
+            },
+            "algorithm": {"groupSize": 4, "maxNewTokens": 3},
+            "stop": {"steps": steps},
+        }
+    )
+
+
+def fixed_samples() -> list[batching.Sample]:
+    """Two groups of uneven lengths and rewards: every rank's shard differs."""
+    samples = []
+    for i in range(8):
+        n = 1 + i % 3
+        samples.append(
+            batching.Sample(
+                prompt_ids=[1, 5 + i, 7],
+                completion_ids=[9 + (i * j) % 11 for j in range(n)],
+                behaviour_logprobs=[-2.0 - 0.1 * j for j in range(n)],
+                reward=float(i % 2),
+                group_id=f"g{i // 4}",
+                weight_version=0,
+            )
+        )
+    return samples
+
+
+def one_step(rank: int, world: int, workdir: Path, init_file: Path, out: Path) -> None:
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    spec = job_spec()
+    t = trainer.Trainer(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
+    t.sync_from_leader()
+    t.step(fixed_samples())
+    if rank == 0:
+        torch.save({k: v.clone() for k, v in t.model.state_dict().items()}, out)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(tmp_path: Path) -> None:
+    one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt")
+    mp.spawn(
+        one_step,
+        args=(2, tmp_path / "models", tmp_path / "init", tmp_path / "dp.pt"),
+        nprocs=2,
+        join=True,
+    )
+    single = torch.load(tmp_path / "single.pt")
+    parallel = torch.load(tmp_path / "dp.pt")
+    spec = job_spec()
+    initial = trainer.Trainer(spec.policies[0], spec.algorithm, workdir=tmp_path / "models")
+    moved = 0
+    for name, tensor in single.items():
+        torch.testing.assert_close(parallel[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+        moved += int(not torch.equal(tensor, initial.model.state_dict()[name]))
+    assert moved > 0  # the step did change the weights
+
+
+async def test_a_torchrun_trainer_with_two_ranks_trains_and_its_rollouts_follow(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    names = JobNames(namespace="t", job=f"dp{uuid.uuid4().hex[:6]}")
+    spec = job_spec(steps=3)
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+
+    def config(role: Role) -> WorkerConfig:
+        policy = None if role == Role.WORKFLOW else "solver"
+        return WorkerConfig(
+            namespace="t",
+            job=names.job,
+            role=role,
+            policy=policy,
+            nats_url=nats_server.url,
+            spec=spec,
+        )
+
+    metrics = tmp_path / "metrics.jsonl"
+    env = {
+        **os.environ,
+        CONFIG_ENV: config(Role.TRAINER).to_env(),
+        "POLYRL_METRICS_FILE": str(metrics),
+        "POLYRL_TRAINER_DIR": str(tmp_path / "trainers"),
+        "OMP_NUM_THREADS": "1",
+    }
+    torchrun = Path(sys.executable).with_name("torchrun")
+    argv = [str(torchrun), "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+    argv += ["-m", "polyrl.workers.trainer"]
+    proc = processes.start("trainer", argv, log=tmp_path / "trainer.log", env=env)
+    workers = [
+        await Runtime.connect(config(Role.ROLLOUT), "rollout-0"),
+        await Runtime.connect(config(Role.WORKFLOW), "workflow-0"),
+    ]
+    try:
+        rollout = await main.build_rollout(workers[0], bundle_timeout=120)
+        running = [
+            asyncio.create_task(rollout.run()),
+            asyncio.create_task(main.build_workflow(workers[1]).run()),
+        ]
+        for _ in range(600):
+            if proc.popen is not None and proc.popen.poll() is not None:
+                break
+            await asyncio.sleep(0.5)
+        for rt in workers:
+            rt.stopping.set()
+        await asyncio.gather(*running, return_exceptions=True)
+    finally:
+        processes.stop_all([proc], grace=10)
+        for rt in workers:
+            await rt.close()
+        await nc.close()
+    log = (tmp_path / "trainer.log").read_text()
+    assert proc.popen is not None
+    assert proc.popen.returncode == 0, log[-3000:]
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]  # rank 0 alone reports
+    assert rollout.engine.version >= 1
+    ckpt = tmp_path / "trainers/t" / names.job / "solver/checkpoint" / checkpoint.STATE
+    assert json.loads(ckpt.read_text())["step"] == 3
