@@ -77,7 +77,9 @@ def fixed_samples() -> list[batching.Sample]:
 def one_step(rank: int, world: int, workdir: Path, init_file: Path, out: Path) -> None:
     torch.set_num_threads(1)
     if world > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+        )
     spec = job_spec()
     t = trainer.Trainer(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
     t.sync_from_leader()
@@ -90,7 +92,7 @@ def one_step(rank: int, world: int, workdir: Path, init_file: Path, out: Path) -
 
 def test_two_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(tmp_path: Path) -> None:
     one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt")
-    mp.spawn(
+    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
         one_step,
         args=(2, tmp_path / "models", tmp_path / "init", tmp_path / "dp.pt"),
         nprocs=2,
