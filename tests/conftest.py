@@ -1,7 +1,10 @@
-"""Session-wide real services: one nats-server with JetStream and one Kubernetes cluster.
+"""Session-wide real services: one nats-server with JetStream, one Kubernetes cluster, and
+the operator (with the chart's RBAC) for the tests that drive it.
 
-Both start lazily, on the first test that asks for them, and stop by PID at the end of
-the session. Start-up times are printed in the terminal summary.
+Each starts lazily, on the first test that asks for it, and stops by PID at the end of
+the session. Start-up times are printed in the terminal summary. The operator lives here,
+not beside its integration tests, because the end-to-end tests use it too and there must
+be only one (see `tests/operator_stack.py`).
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
+from tests.operator_stack import OPERATOR_NS, REPO, OperatorProcess
 
-from polyrl.testing import tools
+from polyrl.testing import charts, tools
 from polyrl.testing.cluster import Cluster
+from polyrl.testing.controlplane import kubeconfig
 from polyrl.testing.kube import Kubectl, wait_for
 from polyrl.testing.natsserver import NatsServer
 
@@ -88,6 +94,58 @@ def kube_api(cluster: Cluster) -> client.ApiClient:
 @pytest.fixture(scope="session")
 def kubectl(cluster: Cluster, k8s_tools: tools.Tools) -> Kubectl:
     return Kubectl(k8s_tools.kubectl, cluster.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def crds_installed(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    for crd in ("rljobs.polyrl.dev", "policygroups.polyrl.dev", "clusterkopfpeerings.kopf.dev"):
+        kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(
+    kubectl: Kubectl,
+    helm_binary: Path,
+    cluster: Cluster,
+    crds_installed: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """A kubeconfig holding a token of the chart's ServiceAccount, and nothing more."""
+    kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {OPERATOR_NS}\n")
+    rendered = charts.render(helm_binary, REPO / "charts" / "polyrl", namespace=OPERATOR_NS)
+    keep = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in keep]
+    assert {d["kind"] for d in docs} == keep
+    kubectl.apply(yaml.safe_dump_all(docs), "-n", OPERATOR_NS)
+    sa = next(d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount")
+    token = kubectl("create", "token", sa, "-n", OPERATOR_NS, "--duration=4h").stdout.strip()
+    pki = cluster.control_plane.pki
+    doc = kubeconfig(
+        cluster.control_plane.server,
+        ca=pki.ca.cert,
+        cert=pki.admin.cert,
+        key=pki.admin.key,
+        user="polyrl-operator",
+    )
+    doc["users"][0]["user"] = {"token": token}
+    path = tmp_path_factory.mktemp("operator") / "operator.kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="session")
+def operator(
+    operator_kubeconfig: Path,
+    nats_server: NatsServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    """The one operator of the session; its pods run the fake worker until a test asks for
+    others (`operator.use(...)`)."""
+    op = OperatorProcess(operator_kubeconfig, nats_server.url, tmp_path_factory.mktemp("op"))
+    op.start()
+    yield op
+    op.stop()
 
 
 def _make_namespace(kubectl: Kubectl, mode: str | None) -> Iterator[str]:

@@ -42,6 +42,13 @@ class Heartbeat(ApiModel):
     in_flight: int = Field(0, ge=0, description="Requests being generated now.")
     tokens_per_second: float = Field(0.0, ge=0, description="Recent generation throughput.")
     reward: float | None = Field(None, description="Recent mean reward (trainer).")
+    idle_fraction: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Share of the time since start with nothing to do (rollout: no request; "
+        "trainer: waiting for samples; workflow: waiting for weights in sync mode).",
+    )
     at: float = Field(description="Unix time the heartbeat was written.")
 
 

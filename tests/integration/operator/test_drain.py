@@ -1,7 +1,14 @@
 """Scale-down is drain-first: with requests in flight, none is lost or answered twice.
 
-The rollout pods here run the FAKE worker (tests/fakes/fake_worker.py); the data-plane
-work re-runs this scenario with real rollout workers.
+The scenario runs twice: with the FAKE worker (tests/fakes/fake_worker.py), whose requests
+take a set time, and with the real rollout workers (`polyrl worker rollout`, the torch
+engine on a tiny model), which speak the same DrainRequest / DrainAck / Drained protocol.
+For the real workers the test plays the trainer's publishing part (the model bundle and
+weight version 0, with the library functions the trainer uses) and the trainer pod runs
+the fake: the scenario is about the rollout pool, a real trainer would add a minute of
+start-up and training load on a small machine, and fixed weights keep every reply at
+version 0 (the real trainer's publishing is covered end to end by
+tests/e2e/test_operator_job.py).
 """
 
 from __future__ import annotations
@@ -11,20 +18,38 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 from kubernetes import client, watch
 from nats.aio.msg import Msg
+from pydantic import ValidationError
+from tests.operator_stack import OperatorProcess, PodLogs, explained
 
-from polyrl.api.messages import Drained, Heartbeat, WorkerState
+from polyrl.api import natsconfig
+from polyrl.api.messages import DrainAck, Drained, Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
+from polyrl.api.resources import ModelSource
+from polyrl.api.wire import GenerationRequest, GenerationResponse
+from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
 from polyrl.testing.natsserver import NatsServer
 
 from .helpers import apply, job_doc, live, pods, wait_running
 
 REQUESTS = 40
+ROLLOUTS = "polyrl.dev/policy-group=drain-solver,polyrl.dev/role=rollout"
+# Real workers: each request asks for N_COMPLETIONS of up to MAX_NEW_TOKENS tokens and a pod
+# takes up to MAX_BATCH requests at a time, so a batch takes about a second on a busy
+# 2-core machine and the 40 requests keep the pool busy well past the scale-down.
+N_COMPLETIONS = 4
+MAX_NEW_TOKENS = 64
+MAX_BATCH = 4
 
 
 def watch_deletions(
@@ -55,39 +80,112 @@ async def serving(url: str, names: JobNames, count: int) -> int:
         await nc.close()
 
 
+@dataclass
+class Load:
+    """What the test saw while the pool served its requests and was scaled down."""
+
+    replies: list[dict[str, Any]] = field(default_factory=list)
+    reply_order: list[int] = field(default_factory=list)  # each reply's place in `seen`
+    drained: dict[str, float] = field(default_factory=dict)  # pod -> when Drained arrived
+    drained_order: dict[str, int] = field(default_factory=dict)  # pod -> its place in `seen`
+    acks: dict[str, DrainAck] = field(default_factory=dict)  # pod -> its DrainAck
+    seen: int = 0  # replies and Drained messages, counted in arrival order
+
+    def replied_after_drained(self, pod: str) -> list[str]:
+        """Requests `pod` answered after it had said Drained (it must answer none)."""
+        return [
+            r["id"]
+            for r, at in zip(self.replies, self.reply_order, strict=True)
+            if r["pod"] == pod and at > self.drained_order[pod]
+        ]
+
+
+def fake_request(i: int, inbox: str) -> bytes:
+    return json.dumps({"id": f"r{i}", "reply_to": inbox, "work_seconds": 0.25}).encode()
+
+
+def real_request(i: int, inbox: str) -> bytes:
+    request = GenerationRequest(
+        id=f"r{i}",
+        episode_id=f"drain-test-{i}",
+        policy="solver",
+        prompt=f"{i}+{i}=",
+        n=N_COMPLETIONS,
+        max_new_tokens=MAX_NEW_TOKENS,
+        reply_to=inbox,
+    )
+    return request.model_dump_json().encode()
+
+
 async def run_load(
-    url: str, names: JobNames, kubectl: Kubectl, ns: str
-) -> tuple[list[dict[str, str]], dict[str, float]]:
+    url: str, names: JobNames, kubectl: Kubectl, ns: str, request: Callable[[int, str], bytes]
+) -> Load:
     nc = await nats.connect(url)
-    replies: list[dict[str, str]] = []
-    drained: dict[str, float] = {}
-    inbox = f"test.replies.{uuid.uuid4().hex}"
+    load = Load()
+    # Replies come back under the policy's control subjects, so that one subscription sees
+    # them and the Drained messages in the order each pod sent them (NATS keeps a
+    # publisher's order on one subscription; callbacks of two subscriptions may interleave).
+    control = f"{names.prefix}.solver.control"
+    inbox = f"{control}.test-replies.{uuid.uuid4().hex}"
     done = asyncio.Event()
 
-    async def on_reply(msg: Msg) -> None:
-        replies.append(json.loads(msg.data))
-        if len(replies) >= REQUESTS:
-            done.set()
+    async def on_control(msg: Msg) -> None:
+        if msg.subject == inbox:
+            load.replies.append(json.loads(msg.data))
+            load.reply_order.append(load.seen)
+            if len(load.replies) >= REQUESTS:
+                done.set()
+        elif msg.subject.startswith(f"{control}.drained."):
+            pod = Drained.model_validate_json(msg.data).pod
+            load.drained.setdefault(pod, time.time())
+            load.drained_order.setdefault(pod, load.seen)
+        else:
+            return  # a drain request
+        load.seen += 1
 
-    async def on_drained(msg: Msg) -> None:
-        drained.setdefault(Drained.model_validate_json(msg.data).pod, time.time())
+    async def on_inbox(msg: Msg) -> None:
+        # The operator asks with a NATS request, so a pod's DrainAck goes to an _INBOX subject.
+        if b'"in_flight"' in msg.data:
+            try:
+                ack = DrainAck.model_validate_json(msg.data)
+            except ValidationError:
+                return  # a heartbeat (a KV watch delivers to an inbox too)
+            load.acks.setdefault(ack.pod, ack)
 
-    await nc.subscribe(inbox, cb=on_reply)
-    await nc.subscribe(names.drained_wildcard, cb=on_drained)
+    await nc.subscribe(f"{control}.>", cb=on_control)
+    await nc.subscribe("_INBOX.>", cb=on_inbox)
     js = nc.jetstream()
     for i in range(REQUESTS):
-        body = {"id": f"r{i}", "reply_to": inbox, "work_seconds": 0.25}
         await js.publish(
-            names.requests_subject("solver"),
-            json.dumps(body).encode(),
-            headers={"Nats-Msg-Id": f"r{i}"},
+            names.requests_subject("solver"), request(i, inbox), headers={"Nats-Msg-Id": f"r{i}"}
         )
     await asyncio.sleep(1.0)  # every pod now holds a request
     await asyncio.to_thread(kubectl, "scale", "pg", "drain-solver", "-n", ns, "--replicas=1")
     await asyncio.wait_for(done.wait(), timeout=90)
     await asyncio.sleep(1.0)  # a duplicate would arrive now
     await nc.close()
-    return replies, drained
+    return load
+
+
+def scale_down_under_load(
+    kubectl: Kubectl,
+    ns: str,
+    url: str,
+    api: client.ApiClient,
+    request: Callable[[int, str], bytes],
+) -> tuple[Load, dict[str, float]]:
+    """Load the 3 serving pods, scale to 1; what was seen, and when each pod was deleted."""
+    names = JobNames(namespace=ns, job="drain")
+    deleted: dict[str, float] = {}
+    stop = threading.Event()
+    watcher = watch_deletions(api, ns, deleted, stop)
+    try:
+        load = asyncio.run(run_load(url, names, kubectl, ns, request))
+        wait_for("the drained pods deleted", lambda: set(load.drained) <= set(deleted), timeout=60)
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+    return load, deleted
 
 
 @pytest.mark.slow
@@ -95,28 +193,104 @@ def test_scale_down_with_requests_in_flight_loses_nothing_and_drains_before_dele
     kubectl: Kubectl, exec_ns: str, nats_server: NatsServer, kube_api: client.ApiClient
 ) -> None:
     apply(kubectl, exec_ns, job_doc("drain", rollout={"replicas": 3, "drainTimeoutSeconds": 60}))
-    rollouts = "polyrl.dev/policy-group=drain-solver,polyrl.dev/role=rollout"
-    wait_running(kubectl, exec_ns, rollouts, 3, timeout=60)
+    wait_running(kubectl, exec_ns, ROLLOUTS, 3, timeout=60)
     names = JobNames(namespace=exec_ns, job="drain")
     wait_for(
         "3 fake rollout workers serving",
         lambda: asyncio.run(serving(nats_server.url, names, 3)) == 3,
         timeout=60,
     )
-    deleted: dict[str, float] = {}
-    stop = threading.Event()
-    watcher = watch_deletions(kube_api, exec_ns, deleted, stop)
-    try:
-        replies, drained = asyncio.run(run_load(nats_server.url, names, kubectl, exec_ns))
-        wait_for("the drained pods deleted", lambda: set(drained) <= set(deleted), timeout=60)
-    finally:
-        stop.set()
-        watcher.join(timeout=10)
-    ids = [r["id"] for r in replies]
+    load, deleted = scale_down_under_load(kubectl, exec_ns, nats_server.url, kube_api, fake_request)
+    ids = [r["id"] for r in load.replies]
     assert sorted(ids) == sorted(f"r{i}" for i in range(REQUESTS))  # each exactly once
-    assert set(drained) == {"drain-solver-rollout-1", "drain-solver-rollout-2"}
-    for pod, at in drained.items():
+    assert set(load.drained) == {"drain-solver-rollout-1", "drain-solver-rollout-2"}
+    for pod, at in load.drained.items():
         assert at < deleted[pod], f"{pod} was deleted before it said Drained"
-    served_by = {r["pod"] for r in replies}
+    served_by = {r["pod"] for r in load.replies}
     assert "drain-solver-rollout-0" in served_by
-    assert len(live(pods(kubectl, exec_ns, rollouts))) == 1
+    assert len(live(pods(kubectl, exec_ns, ROLLOUTS))) == 1
+
+
+async def publish_model(url: str, names: JobNames, workdir: Path) -> None:
+    """The trainer's publishing part (Leader.start): model bundle, then weight version 0."""
+    import torch  # the workers' side: only this test needs it
+
+    from polyrl.workers import bundle
+    from polyrl.workers import model as models
+    from polyrl.workers.deltas.publish import WeightPublisher
+    from polyrl.workers.deltas.store import WeightStore
+
+    model, tokenizer = models.make_model(
+        ModelSource(path="tiny-llama://drain", dtype="float32"), cache_dir=workdir / "models"
+    )
+    models.export(model, tokenizer, workdir / "export")
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        await natsconfig.ensure(js, names, ["solver"])
+        await bundle.publish(js, names, "solver", workdir / "export")
+        store = await WeightStore.open(js, names.weights_bucket("solver"))
+        publisher = WeightPublisher(store, names, "solver", keyframe_every=20)
+        state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+        await publisher.publish(state, version=0)
+        await store.close()
+    finally:
+        await nc.close()
+
+
+@pytest.mark.slow
+def test_real_rollout_workers_scaled_down_under_load_answer_every_request_once_and_drain_first(
+    kubectl: Kubectl,
+    real_rollouts_ns: str,
+    operator: OperatorProcess,
+    cluster: Cluster,
+    nats_server: NatsServer,
+    kube_api: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    ns = real_rollouts_ns
+    names = JobNames(namespace=ns, job="drain")
+    logs = PodLogs(cluster, ns, tmp_path / "pod-logs")
+    started = time.monotonic()
+    with explained(kubectl, operator, logs):
+        doc = job_doc(
+            "drain",
+            rollout={"replicas": 3, "drainTimeoutSeconds": 60, "maxBatchSize": MAX_BATCH},
+            # The workflow runner is real too: keep its own traffic to a trickle.
+            workflow={"episodesInFlight": 1},
+            algorithm={"groupSize": 2, "maxNewTokens": 2},
+        )
+        apply(kubectl, ns, doc)
+        # While the pods start: rollout workers wait for the bundle, then for version 0.
+        asyncio.run(publish_model(nats_server.url, names, tmp_path))
+        print(f"bundle and version 0 published at {time.monotonic() - started:.0f}s")
+        wait_running(kubectl, ns, ROLLOUTS, 3, timeout=60)
+
+        def three_serving() -> bool:
+            logs.collect()
+            return asyncio.run(serving(nats_server.url, names, 3)) == 3
+
+        wait_for("3 real rollout workers serving", three_serving, timeout=180, interval=1)
+        print(f"3 rollout workers serving at {time.monotonic() - started:.0f}s")
+        load, deleted = scale_down_under_load(kubectl, ns, nats_server.url, kube_api, real_request)
+        logs.collect()
+        print(
+            f"all answered at {time.monotonic() - started:.0f}s; replies by pod "
+            f"{Counter(r['pod'] for r in load.replies)}; drain acks {load.acks}"
+        )
+
+        ids = [r["id"] for r in load.replies]
+        assert sorted(ids) == sorted(f"r{i}" for i in range(REQUESTS))  # each exactly once
+        for reply in map(GenerationResponse.model_validate, load.replies):
+            assert reply.error is None
+            assert len(reply.completions) == N_COMPLETIONS
+            assert reply.weight_version == 0
+        drained = {"drain-solver-rollout-1", "drain-solver-rollout-2"}
+        assert set(load.drained) == drained
+        assert {r["pod"] for r in load.replies} == {"drain-solver-rollout-0", *drained}
+        assert set(load.acks) == drained
+        assert any(ack.in_flight > 0 for ack in load.acks.values())  # asked mid-batch
+        for pod, at in load.drained.items():
+            assert at < deleted[pod], f"{pod} was deleted before it said Drained"
+            assert load.replied_after_drained(pod) == [], f"{pod} said Drained too early"
+        assert len(live(pods(kubectl, ns, ROLLOUTS))) == 1

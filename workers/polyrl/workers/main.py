@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from polyrl.workers import bundle, tasks
@@ -34,16 +37,16 @@ async def build_rollout(
     policy = rt.config.spec.policy(rt.config.policy or "")
     if policy is None:
         raise ConfigError(f"policy {rt.config.policy!r} is not in the job's spec")
-    directory = await bundle.fetch(
-        rt.js,
-        rt.names,
-        policy.name,
-        Path(tempfile.mkdtemp(prefix="polyrl-model-")),
-        timeout=bundle_timeout,
-    )
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    model = AutoModelForCausalLM.from_config(config, dtype=policy.model.dtype)  # type: ignore[no-untyped-call]
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    scratch = Path(tempfile.mkdtemp(prefix="polyrl-model-"))
+    try:
+        directory = await bundle.fetch(
+            rt.js, rt.names, policy.name, scratch, timeout=bundle_timeout
+        )
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForCausalLM.from_config(config, dtype=policy.model.dtype)  # type: ignore[no-untyped-call]
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    finally:  # the weights come from the weight store; the files are not needed again
+        shutil.rmtree(scratch, ignore_errors=True)
     engine = make_engine(
         str(policy.rollout.engine),
         model,
@@ -75,6 +78,7 @@ async def serve(role: str) -> None:
         raise ConfigError(
             f"this worker was started as {role!r} but its config says {config.role!r}"
         )
+    torch.set_num_threads(int(os.environ.get("POLYRL_TORCH_THREADS", "1")))
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
     beat = asyncio.create_task(rt.heartbeat_forever())

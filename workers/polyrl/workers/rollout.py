@@ -71,6 +71,7 @@ class RolloutWorker:
         self.served = 0
         self.in_flight = 0
         self.tokens = 0
+        self.busy = 0.0  # seconds spent generating
 
     def _max_batch(self) -> int:
         policy = self.rt.config.spec.policy(self.policy)
@@ -126,6 +127,8 @@ class RolloutWorker:
 
     async def _serve(self, batch: list[Pending]) -> None:
         self.in_flight = len(batch)
+        self.rt.figures["in_flight"] = self.in_flight  # heartbeats may be sent meanwhile
+        started = time.monotonic()
         try:
             for (temperature, max_new), group in _by_params(batch).items():
                 prompts = [p.prompt for p in group for _ in range(p.request.n)]
@@ -136,6 +139,7 @@ class RolloutWorker:
                 await self._reply(group, outputs)
         finally:
             self.in_flight = 0
+            self.busy += time.monotonic() - started
 
     def _stops(self) -> tuple[int, ...]:
         eos = self.tokenizer.eos_token_id
@@ -180,6 +184,7 @@ class RolloutWorker:
             "requests_served": self.served,
             "in_flight": self.in_flight,
             "tokens_per_second": self.tokens / elapsed if elapsed > 0 else 0.0,
+            "idle_fraction": max(0.0, 1 - self.busy / elapsed) if elapsed > 0 else None,
         }
 
     async def _on_drain(self, msg: Msg) -> None:

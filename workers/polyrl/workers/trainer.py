@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -235,6 +236,8 @@ class Leader:
         self.rt, self.trainer, self.workdir = rt, trainer, workdir
         self.policy = trainer.policy
         self.publishing: asyncio.Task[Any] | None = None
+        self.started = time.monotonic()  # reset once training starts (after the warm-up)
+        self.waited = 0.0
         metrics = os.environ.get("POLYRL_METRICS_FILE")
         self.metrics = Path(metrics) if metrics else None
 
@@ -244,8 +247,11 @@ class Leader:
             log.info("supervised warm-up: %s", warmed)
         await asyncio.to_thread(self.trainer.sync_from_leader)
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
-        models.export(self.trainer.model, self.trainer.tokenizer, export)
-        await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
+        try:
+            models.export(self.trainer.model, self.trainer.tokenizer, export)
+            await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
+        finally:
+            shutil.rmtree(export, ignore_errors=True)
         store = await WeightStore.open(self.rt.js, self.rt.names.weights_bucket(self.policy.name))
         every = 1 if self.policy.weight_sync == WeightSync.FULL else self.policy.keyframe_every
         self.publisher = WeightPublisher(
@@ -259,6 +265,7 @@ class Leader:
         first = max(self.trainer.state.version, last.version if last else -1) + 1
         await self.publisher.publish(self.trainer.bf16(), version=first)
         self.trainer.state.version = first
+        self.started = time.monotonic()
         return await self.rt.js.pull_subscribe(
             self.rt.names.trajectories_subject(self.policy.name),
             durable=CONSUMER,
@@ -277,10 +284,13 @@ class Leader:
 
     def record(self, stats: dict[str, float], *, dropped: int, seconds: float) -> None:
         state = self.trainer.state
+        self.waited += stats.get("wait_seconds", 0.0)
+        elapsed = time.monotonic() - self.started
         self.rt.figures = {
             "step": state.step,
             "weight_version": state.version,
             "reward": stats.get("reward"),
+            "idle_fraction": min(1.0, self.waited / elapsed) if elapsed > 0 else None,
         }
         if self.metrics is not None:
             line = {

@@ -47,7 +47,7 @@ class WorkflowRunner:
         concurrency: int,
         request_timeout: float = 120.0,
         retries: int = 3,
-        drain_timeout: float = 30.0,
+        drain_timeout: float = 20.0,
     ) -> None:
         self.rt = rt
         self.workflow = workflow
@@ -63,6 +63,8 @@ class WorkflowRunner:
         self.failed = 0
         self.recent: dict[str, list[float]] = {}
         self.gate = self._sync_gate() if rt.config.spec.algorithm.mode == Mode.SYNC else None
+        self.started = time.monotonic()
+        self.in_episode: set[int] = set()  # loops running an episode right now
 
     def _sync_gate(self) -> RoundGate:
         spec = self.rt.config.spec
@@ -82,6 +84,9 @@ class WorkflowRunner:
         loops = [asyncio.create_task(self._loop(i)) for i in range(self.concurrency)]
         await self.rt.stopping.wait()
         self.rt.state = WorkerState.DRAINING
+        for index, task in enumerate(loops):  # not in an episode (sync mode's gate): stop now
+            if index not in self.in_episode:
+                task.cancel()
         _, pending = await asyncio.wait(loops, timeout=self.drain_timeout)
         for task in pending:
             task.cancel()
@@ -105,6 +110,7 @@ class WorkflowRunner:
             )
             if self.gate is not None:
                 await self.gate.admit()
+            self.in_episode.add(index)
             try:
                 await self.workflow(episode)
                 self.episodes += 1
@@ -114,6 +120,7 @@ class WorkflowRunner:
                 log.warning("episode %s failed: %s", episode.id, err)
                 await asyncio.sleep(1.0)
             finally:
+                self.in_episode.discard(index)
                 if self.gate is not None:
                     await self.gate.done({p: len(r) for p, r in episode.rewards.items()})
 
@@ -127,6 +134,9 @@ class WorkflowRunner:
             "requests_served": self.episodes,
             "reward": sum(means) / len(means) if means else None,
         }
+        elapsed = time.monotonic() - self.started
+        if self.gate is not None and elapsed > 0:
+            self.rt.figures["idle_fraction"] = min(1.0, self.gate.waited / elapsed)
 
     async def _generate(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
         temperature = self.rt.config.spec.algorithm.temperature

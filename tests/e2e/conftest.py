@@ -1,0 +1,27 @@
+"""End-to-end fixtures: namespaces where the operator's pods run the real workers."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.operator_stack import REAL_WORKERS, OperatorProcess, restricted_namespace
+
+from polyrl.testing.kube import Kubectl
+
+
+@pytest.fixture
+def real_ns(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[str]:
+    """A restricted namespace whose pods the node agent runs with the real workers: rollout
+    and workflow pods `polyrl worker ...`, trainers under torchrun."""
+    operator.use(REAL_WORKERS)
+    names = restricted_namespace(kubectl, "exec")
+    namespace = next(names)
+    yield namespace
+    next(names, None)  # deletes the job and the namespace
+    # Trainers keep models and checkpoints under $TMPDIR/polyrl/<namespace>/ (their pods'
+    # /tmp is the host's here: the agent mounts no volumes).
+    shutil.rmtree(Path(tempfile.gettempdir()) / "polyrl" / namespace, ignore_errors=True)

@@ -1,0 +1,274 @@
+"""The operator under test, shared by the integration and end-to-end tests.
+
+It runs as its own process (tracked by PID) with a token of the Helm chart's ServiceAccount,
+so a verb missing from the chart fails a test. What its pods run is chosen by
+`POLYRL_WORKER_COMMAND` and `POLYRL_TRAINER_ENTRY` (`Workers`): the FAKE worker
+(`tests/fakes/fake_worker.py`) for control-plane tests, or the real workers. There is only
+ever one operator process (two would pause each other through kopf peering), so a test
+that needs other workers restarts it with them (`OperatorProcess.use`); the node agent runs
+a pod's command only in namespaces labelled `agent.polyrl.dev/mode=exec`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from polyrl.testing import processes
+from polyrl.testing.cluster import Cluster
+from polyrl.testing.kube import Kubectl, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_WORKER = REPO / "tests" / "fakes" / "fake_worker.py"
+OPERATOR_NS = "polyrl-system"
+# Pods inherit the node agent's environment; on a small machine more than one torch thread
+# per process only contends (as in `polyrl run`), so real workers get one through their env.
+ONE_THREAD = "env OMP_NUM_THREADS=1 POLYRL_TORCH_THREADS=1"
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """What the operator's pods run: `<worker> rollout|workflow` and torchrun's `<trainer>`."""
+
+    name: str
+    worker: str
+    trainer: str
+
+
+_FAKE = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_WORKER))}"
+FAKE_WORKERS = Workers("fake", worker=_FAKE, trainer=str(FAKE_WORKER))
+REAL_WORKERS = Workers(
+    "real", worker=f"{ONE_THREAD} polyrl worker", trainer="-m polyrl.workers.trainer"
+)
+# Real rollout and workflow workers with the fake trainer: the test publishes the model
+# bundle and the weights itself, and nothing trains.
+REAL_ROLLOUTS = Workers("real-rollouts", worker=REAL_WORKERS.worker, trainer=str(FAKE_WORKER))
+
+
+class OperatorProcess:
+    """`python -m polyrl.operator`, tracked by PID, restartable."""
+
+    def __init__(
+        self,
+        kubeconfig_path: Path,
+        nats_url: str,
+        workdir: Path,
+        *,
+        workers: Workers = FAKE_WORKERS,
+    ) -> None:
+        self.kubeconfig = kubeconfig_path
+        self.nats_url = nats_url
+        self.workdir = workdir
+        self.workers = workers
+        self.proc: processes.Managed | None = None
+        self.starts = 0
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "POLYRL_NATS_URL": self.nats_url,
+            "POLYRL_NAMESPACE": OPERATOR_NS,
+            "POLYRL_WORKER_COMMAND": self.workers.worker,
+            "POLYRL_TRAINER_ENTRY": self.workers.trainer,
+            "POLYRL_STATUS_INTERVAL": "1",
+            "POLYRL_CLEANUP_TIMEOUT": "4",
+            "POLYRL_NATS_TIMEOUT": "2",
+        }
+
+    def start(self) -> None:
+        port = processes.free_port()
+        self.starts += 1
+        self.proc = processes.start(
+            "operator",
+            [
+                sys.executable,
+                "-m",
+                "polyrl.operator",
+                "--peering",
+                "polyrl",
+                "--liveness",
+                f"http://127.0.0.1:{port}/healthz",
+            ],
+            log=self.workdir / f"operator-{self.starts}.log",
+            env=self.env(),
+        )
+        url = f"http://127.0.0.1:{port}/healthz"
+        wait_for("the operator's liveness probe", lambda: _ok(url, self.proc), timeout=60)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            processes.stop(self.proc, grace=10)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def use(self, workers: Workers) -> None:
+        """Make the operator's pods run `workers`, restarting it if it runs others."""
+        if workers != self.workers or self.proc is None:
+            self.workers = workers
+            self.restart()
+
+    def log(self) -> str:
+        assert self.proc is not None
+        return self.proc.log.read_text(errors="replace")
+
+
+def _ok(url: str, proc: processes.Managed | None) -> bool:
+    if proc is None or not proc.alive():
+        raise AssertionError(f"operator exited:\n{processes.tail(proc.log) if proc else ''}")
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def restricted_namespace(kubectl: Kubectl, mode: str) -> Iterator[str]:
+    """A namespace enforcing Pod Security `restricted`, whose pods the agent runs by `mode`."""
+    name = f"op-{uuid.uuid4().hex[:6]}"
+    kubectl.apply(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "pod-security.kubernetes.io/enforce": "restricted",
+                        "agent.polyrl.dev/mode": mode,
+                    },
+                },
+            }
+        )
+    )
+    wait_for(
+        f"the default ServiceAccount in {name}",
+        lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+    )
+    yield name
+    kubectl("delete", "rlj,pg", "--all", "-n", name, "--wait=false", check=False)
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+class PodLogs:
+    """What a namespace's pods wrote, for a failing test to show.
+
+    In exec mode the node agent writes each container's output to
+    `<cluster>/agent/pods/<namespace>_<pod>_<uid>/<container>.log` and removes that sandbox
+    when the pod is deleted, so `collect()` (called while a test waits) keeps copies, and a
+    pod that was replaced still has its log in `report()`.
+    """
+
+    def __init__(self, cluster: Cluster, namespace: str, dest: Path) -> None:
+        self.root = cluster.workdir / "agent" / "pods"
+        self.cluster = cluster
+        self.namespace = namespace
+        self.dest = dest
+        dest.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def sandbox_prefix(self) -> str:
+        """Every process of this namespace's pods has `POLYRL_POD_SANDBOX` starting so."""
+        return f"{self.root}/{self.namespace}_"
+
+    def collect(self) -> None:
+        for log in self.root.glob(f"{self.namespace}_*/*.log"):
+            pod, _, uid = log.parent.name.removeprefix(f"{self.namespace}_").rpartition("_")
+            with contextlib.suppress(OSError):  # the agent may be removing it right now
+                shutil.copyfile(log, self.dest / f"{pod}-{uid[:8]}-{log.name}")
+
+    def report(self, lines: int = 40) -> str:
+        self.collect()
+        parts = []
+        for log in sorted(self.dest.glob("*.log")):
+            parts.append(f"--- pod log {log.name} (last {lines} lines) ---")
+            parts.append(processes.tail(log, lines))
+        agent_log = self.cluster.control_plane.logs / "node-agent.log"
+        if agent_log.exists():
+            mine = [
+                line
+                for line in agent_log.read_text(errors="replace").splitlines()
+                if self.namespace in line
+            ]
+            parts.append(f"--- node agent, lines naming {self.namespace} (last {lines}) ---")
+            parts.extend(mine[-lines:])
+        return "\n".join(parts)
+
+
+def pod_processes(logs: PodLogs) -> dict[int, str]:
+    """Live processes started for the namespace's pods, PID -> command line, found by their
+    environment: the node agent sets POLYRL_POD_SANDBOX, and children (torchrun's ranks,
+    which run in sessions of their own) inherit it."""
+    marker = f"POLYRL_POD_SANDBOX={logs.sandbox_prefix}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker not in (entry / "environ").read_bytes():
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return found
+
+
+def wait_no_pod_processes(logs: PodLogs, timeout: float = 30.0) -> None:
+    """Fail if the namespace's pod processes outlive `timeout`; then stop them, by PID."""
+    deadline = time.monotonic() + timeout
+    while (left := pod_processes(logs)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of deleted pods still running after {timeout:.0f}s: {left}"
+
+
+def diagnosis(kubectl: Kubectl, operator: OperatorProcess, logs: PodLogs, lines: int = 60) -> str:
+    """Objects, events, operator log, node agent and pod logs: what a red run needs."""
+    ns = logs.namespace
+    listing = kubectl("get", "rlj,pg,pods", "-n", ns, "-o", "wide", check=False)
+    events = kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False)
+    op_log = operator.log().splitlines() if operator.proc is not None else []
+    op_log = [line for line in op_log if "aiohttp.access" not in line]  # liveness probes
+    return "\n".join(
+        [
+            f"=== kubectl get rlj,pg,pods -n {ns} ===",
+            listing.stdout + listing.stderr,
+            f"=== events in {ns} (last {lines}) ===",
+            *(events.stdout + events.stderr).splitlines()[-lines:],
+            f"=== operator log, lines naming {ns} (last {lines}) ===",
+            *[line for line in op_log if ns in line][-lines:],
+            "=== operator log (last 20 lines) ===",
+            *op_log[-20:],
+            "=== pods ===",
+            logs.report(),
+        ]
+    )
+
+
+@contextlib.contextmanager
+def explained(kubectl: Kubectl, operator: OperatorProcess, logs: PodLogs) -> Iterator[None]:
+    """On a failed assertion, print the diagnosis (pytest shows it with the failure)."""
+    try:
+        yield
+    except BaseException:
+        print(diagnosis(kubectl, operator, logs))
+        raise
