@@ -92,6 +92,12 @@ class TrainerSpec(ApiModel):
         le=100000,
         description="Supervised warm-up steps on the task's answers before RL, for the workflow's first policy (GRPO needs some correct samples to learn from).",
     )
+    warmup_target_accuracy: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Stop the warm-up early once greedy accuracy on training problems reaches this (checked every 50 steps; warmupSteps stays the limit). Where to hand over to RL depends on how fast the model learns, which varies from run to run; a target makes the starting point reproducible.",
+    )
     eval_every: int = Field(
         0,
         ge=0,

@@ -76,9 +76,7 @@ async def test_a_failed_episode_frees_its_place_without_counting_samples() -> No
     assert gate.yields is None
 
 
-@pytest.mark.parametrize(
-    ("replicas", "expected"), [(1, {"a": 32, "b": 5}), (3, {"a": 11, "b": 2})]
-)
+@pytest.mark.parametrize(("replicas", "expected"), [(1, {"a": 32, "b": 5}), (3, {"a": 11, "b": 2})])
 def test_each_workflow_runner_covers_its_share_of_a_batch(
     replicas: int, expected: dict[str, int]
 ) -> None:

@@ -78,3 +78,43 @@ def test_warmup_raises_greedy_accuracy_on_one_digit_addition() -> None:
     assert stats["final_loss"] < stats["initial_loss"] / 4
     assert after >= before + 0.3
     assert not model.training
+
+
+class Lenient(arithmetic.Arithmetic):
+    """Arithmetic whose judge accepts anything: a reached target, whatever the model says."""
+
+    def reward(self, problem: base.Problem, completion: str) -> float:
+        return 1.0
+
+
+def test_a_warm_up_target_stops_at_the_first_check_that_reaches_it() -> None:
+    model, tokenizer = tiny.create_tiny_llama("warmup-target")
+    task = Lenient(digits=1, ops="+", held_out=10, seed=0)
+    dev = [task.sample(random.Random(1)) for _ in range(4)]
+    result = warmup.supervised_warmup(
+        model, tokenizer, task, steps=40, batch_size=4, lr=1e-3, seed=0,
+        target=0.5, dev=dev, check_every=10,
+    )  # fmt: skip
+    assert result["steps"] == 10
+    assert result["dev_accuracy"] == 1.0
+
+
+def test_an_unreached_warm_up_target_runs_every_step() -> None:
+    model, tokenizer = tiny.create_tiny_llama("warmup-target")
+    task = arithmetic.Arithmetic(digits=2, ops="+", held_out=10, seed=0)
+    dev = [task.sample(random.Random(1)) for _ in range(4)]
+    result = warmup.supervised_warmup(
+        model, tokenizer, task, steps=20, batch_size=4, lr=1e-3, seed=0,
+        target=1.0, dev=dev, check_every=10,
+    )  # fmt: skip
+    assert result["steps"] == 20
+    assert result["dev_accuracy"] < 1.0
+
+
+def test_a_warm_up_target_without_dev_problems_is_refused() -> None:
+    model, tokenizer = tiny.create_tiny_llama("warmup-target")
+    task = arithmetic.Arithmetic(digits=1, ops="+", held_out=10, seed=0)
+    with pytest.raises(ValueError, match="dev problems"):
+        warmup.supervised_warmup(
+            model, tokenizer, task, steps=1, batch_size=1, lr=1e-3, seed=0, target=0.5
+        )

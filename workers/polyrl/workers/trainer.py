@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import sys
@@ -192,6 +193,7 @@ async def pull_batch(
 
 WARMUP_LR = 3e-3  # measured on the tiny model: 150 steps take 1-digit addition from 0 to ~0.9
 EVAL_PROBLEMS = 1000
+WARMUP_DEV_PROBLEMS = 200  # from the training distribution: the held-out split stays unseen
 
 
 def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
@@ -201,6 +203,7 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
     if not first or steps == 0 or trainer.state.step > 0 or trainer.state.epoch > 0:
         return {}
     task = tasks.load_task(spec.workflow.task)
+    dev_rng = random.Random(spec.workflow.task.seed + 1)
     return warmup.supervised_warmup(
         trainer.model,
         trainer.tokenizer,
@@ -209,6 +212,9 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
         batch_size=32,
         lr=WARMUP_LR,
         seed=spec.workflow.task.seed,
+        target=trainer.policy.trainer.warmup_target_accuracy,
+        dev=[task.sample(dev_rng) for _ in range(WARMUP_DEV_PROBLEMS)],
+        max_new_tokens=spec.algorithm.max_new_tokens,
     )
 
 

@@ -49,16 +49,31 @@ def supervised_warmup(
     lr: float,
     seed: int,
     grad_clip: float = 1.0,
+    target: float | None = None,
+    dev: Sequence[base.Problem] = (),
+    check_every: int = 50,
+    max_new_tokens: int = 8,
 ) -> dict[str, float]:
-    """Train on prompt + answer + EOS of sampled problems; returns losses and time."""
+    """Train on prompt + answer + EOS of sampled problems; returns losses and time.
+
+    With a `target`, greedy accuracy on `dev` (problems of the training distribution, never
+    the held-out split) is checked every `check_every` steps and the warm-up stops once it
+    reaches the target: how many steps a model needs varies a lot from seed to seed (its
+    accuracy climbs late and steeply), so a fixed step count gives RL a very different start
+    from one run to the next.
+    """
+    if target is not None and not dev:
+        raise ValueError("a warm-up target needs dev problems to measure it on")
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     was_training = model.training
     model.train()
     losses: list[float] = []
+    accuracy = float("nan")
     started = time.perf_counter()
     try:
-        for _ in range(steps):
+        for step in range(1, steps + 1):
+            model.train()
             batch = teacher_forcing_batch(tokenizer, [task.sample(rng) for _ in range(batch_size)])
             loss = model(**{k: v.to(model.device) for k, v in batch.items()}).loss
             optimizer.zero_grad(set_to_none=True)
@@ -66,13 +81,20 @@ def supervised_warmup(
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
             losses.append(float(loss.detach()))
+            if target is not None and step % check_every == 0:
+                accuracy = greedy_accuracy(
+                    model, tokenizer, dev, max_new_tokens=max_new_tokens, reward=task.reward
+                )
+                if accuracy >= target:
+                    break
     finally:
         model.train(was_training)
     tail = losses[-10:] or [float("nan")]
     return {
-        "steps": float(steps),
+        "steps": float(len(losses)),
         "initial_loss": losses[0] if losses else float("nan"),
         "final_loss": sum(tail) / len(tail),
+        "dev_accuracy": accuracy,
         "seconds": time.perf_counter() - started,
     }
 

@@ -1,14 +1,16 @@
 """The built-in workflows.
 
 `single`: the first policy answers a group of samples of one problem; each is rewarded by
-the task's exact check. `solver-verifier`: the solver answers a group; for each answer the
-verifier is asked, a group of times, whether it is right; the solver is rewarded by the
+the task's exact check. `solver-verifier`: the solver answers a group; for two of the answers (one
+right and one wrong where there are both) the verifier is asked, a group of times, whether
+it is right; the solver is rewarded by the
 ground truth, the verifier for agreeing with it. Both policies learn from the same episode.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 
 from polyrl.workers import tasks
 from polyrl.workers.workflows.episode import Episode
@@ -34,18 +36,39 @@ async def solver_verifier(episode: Episode) -> None:
         right = episode.task.reward(problem, episode.text(answers, i)) > 0.5
         correct.append(right)
         await episode.emit(solver, "answer", answers, i, 1.0 if right else 0.0)
-    prompts = [
-        tasks.verify_prompt(problem, episode.text(answers, i))
-        for i in range(len(answers.completions))
-    ]
+    judged = balanced_pick(correct, episode.rng)
     responses = await asyncio.gather(
         *(
-            episode.generate(verifier, prompt, episode.group_size, max_new_tokens=2)
-            for prompt in prompts
+            episode.generate(
+                verifier,
+                tasks.verify_prompt(problem, episode.text(answers, i)),
+                episode.group_size,
+                max_new_tokens=2,
+            )
+            for i in judged
         )
     )
-    for i, response in enumerate(responses):
+    for i, response in zip(judged, responses, strict=True):
         for j in range(len(response.completions)):
             said = tasks.parse_verdict(episode.text(response, j))
             reward = 1.0 if said is not None and said == correct[i] else 0.0
             await episode.emit(verifier, f"verdict-{i}", response, j, reward)
+
+
+JUDGED_PER_EPISODE = 2
+
+
+def balanced_pick(correct: list[bool], rng: random.Random) -> list[int]:
+    """Which answers the verifier judges: one right and one wrong where the group has both.
+
+    Judging every answer would cost the verifier a group of samples per answer (64 for a
+    group of 8) and, while the solver is mostly wrong, teach it that "no" is nearly always
+    right; a balanced pair teaches both verdicts and keeps the verifier's share of the work
+    at two groups per episode.
+    """
+    right = [i for i, ok in enumerate(correct) if ok]
+    wrong = [i for i, ok in enumerate(correct) if not ok]
+    if right and wrong:
+        return sorted([rng.choice(right), rng.choice(wrong)])
+    indices = list(range(len(correct)))
+    return sorted(rng.sample(indices, min(JUDGED_PER_EPISODE, len(indices))))
