@@ -61,6 +61,10 @@ test: install tools lint ## install everything, then lint and run the whole test
 test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)
 	@$(VENV)/bin/pytest tests/unit -q
 
+.PHONY: test-learning
+test-learning: install ## the quick start's learning claims: two 10-minute runs (not in `make test`)
+	@$(VENV)/bin/pytest -m learning tests/e2e/test_quickstart_learns.py
+
 .PHONY: quickstart
 quickstart: install ## install, then run examples/quickstart.yaml on this machine
 	@$(VENV)/bin/polyrl run examples/quickstart.yaml

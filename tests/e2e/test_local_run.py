@@ -63,7 +63,11 @@ def test_a_short_run_trains_publishes_and_leaves_metrics_plot_and_checkpoints(
     proc, run_dir = start(tmp_path, steps=3)
     out, _ = proc.communicate(timeout=420)
     assert proc.returncode == 0, out[-3000:]
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first, lines = records[0], records[1:]
+    assert first["step"] == 0  # the held-out accuracy RL starts from, after the warm-up
+    assert 0 <= first["accuracy"] <= 1
+    assert first["warmup_steps"] == 60
     assert [x["step"] for x in lines] == [1, 2, 3]
     assert [x["version"] for x in lines] == [1, 2, 3]
     assert "accuracy" in lines[1]

@@ -239,6 +239,10 @@ class AlgorithmSpec(ApiModel):
         2.0, gt=0, description="Truncation of the importance ratio against behaviour log-probs."
     )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    shuffle_rewards: bool = Field(
+        False,
+        description="Control experiment: trainers permute the rewards of each batch before computing advantages, which cuts the link between a completion and its reward; whatever such a run gains does not come from the reward signal.",
+    )
     max_new_tokens: int = Field(16, ge=1, le=65536, description="Generation length limit.")
 
 

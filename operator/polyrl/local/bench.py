@@ -99,7 +99,10 @@ def run_mode(job: RLJob, run_dir: Path) -> dict[str, Any]:
 
 
 def mode_figures(result: dict[str, Any], first_policy: str, batch: int) -> dict[str, Any]:
-    metrics: dict[str, list[dict[str, Any]]] = result["metrics"]
+    everything: dict[str, list[dict[str, Any]]] = result["metrics"]
+    # Step 0 is the evaluation before RL starts; timings come from the training steps.
+    metrics = {p: [r for r in rs if r["step"] >= 1] for p, rs in everything.items()}
+    metrics = {p: rs for p, rs in metrics.items() if rs}
     if not metrics or first_policy not in metrics:
         raise RuntimeError("no trainer step was recorded; see the run's logs")
     start = min(
@@ -112,7 +115,7 @@ def mode_figures(result: dict[str, Any], first_policy: str, batch: int) -> dict[
     step_seconds = statistics.mean(r["step_seconds"] for r in steady)
     wait_seconds = statistics.mean(r.get("wait_seconds", 0.0) for r in steady)
     beats: list[Heartbeat] = result["beats"]
-    accuracy = [r["accuracy"] for r in solver if "accuracy" in r]
+    accuracy = [r["accuracy"] for r in everything[first_policy] if "accuracy" in r]
     out: dict[str, Any] = {
         "seconds": end - start,
         "steps": solver[-1]["step"],

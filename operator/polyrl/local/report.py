@@ -33,10 +33,15 @@ def summary(metrics: dict[str, list[dict[str, Any]]]) -> str:
     for policy, records in sorted(metrics.items()):
         last = records[-1]
         recent = records[-5:]
-        reward = sum(r.get("reward", 0.0) for r in recent) / len(recent)
+        rewards = [r["reward"] for r in recent if "reward" in r]
+        reward = sum(rewards) / len(rewards) if rewards else 0.0
         text = f"{policy}: step {last['step']} v{last['version']} reward {reward:.2f}"
-        if "accuracy" in last:
-            text += f" acc {last['accuracy']:.2f}"
+        if "staleness" in last:
+            text += f" stale {last['staleness']:.1f}"
+        evals = [r for r in records if "accuracy" in r or "balanced_accuracy" in r]
+        if evals:
+            figure = evals[-1].get("accuracy", evals[-1].get("balanced_accuracy"))
+            text += f" acc {figure:.2f}"
         parts.append(text)
     return " | ".join(parts) or "waiting for the first step"
 
@@ -51,16 +56,22 @@ def plot(metrics: dict[str, list[dict[str, Any]]], out: Path) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for policy, records in sorted(metrics.items()):
-        steps = [r["step"] for r in records]
-        ax.plot(steps, [r.get("reward", 0.0) for r in records], label=f"{policy} reward")
-        evals = [r for r in records if "accuracy" in r]
-        if evals:
-            ax.plot(
-                [r["step"] for r in evals],
-                [r["accuracy"] for r in evals],
-                "o--",
-                label=f"{policy} held-out accuracy",
-            )
+        trained = [r for r in records if "reward" in r]
+        ax.plot(
+            [r["step"] for r in trained], [r["reward"] for r in trained], label=f"{policy} reward"
+        )
+        for key, label in (
+            ("accuracy", "held-out accuracy"),
+            ("balanced_accuracy", "balanced acc."),
+        ):
+            evals = [r for r in records if key in r]
+            if evals:
+                ax.plot(
+                    [r["step"] for r in evals],
+                    [r[key] for r in evals],
+                    "o--",
+                    label=f"{policy} {label}",
+                )
     ax.set_xlabel("trainer step")
     ax.set_ylim(-0.05, 1.05)
     ax.legend()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -193,6 +194,7 @@ async def pull_batch(
 
 WARMUP_LR = 3e-3  # measured on the tiny model: 150 steps take 1-digit addition from 0 to ~0.9
 EVAL_PROBLEMS = 1000
+VERIFIER_EVAL_PROBLEMS = 500  # each shown right and wrong: 1,000 verdicts
 WARMUP_DEV_PROBLEMS = 200  # from the training distribution: the held-out split stays unseen
 
 
@@ -218,21 +220,35 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
     )
 
 
+def prefixed(warmed: dict[str, float]) -> dict[str, float]:
+    return {f"warmup_{k}": v for k, v in warmed.items()}
+
+
 def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
-    """Greedy accuracy on the task's fixed held-out split (first policy, every evalEvery)."""
+    """Held-out figures every `evalEvery` steps: the solver's greedy accuracy, the verifier's
+    balanced accuracy (for the solver-verifier workflow's second policy)."""
     every = trainer.policy.trainer.eval_every
-    if every == 0 or spec.policies[0].name != trainer.policy.name or trainer.state.step % every:
+    if every == 0 or trainer.state.step % every:
         return {}
+    names = [p.name for p in spec.policies]
     task = tasks.load_task(spec.workflow.task)
+    held_out = task.held_out()[:EVAL_PROBLEMS]
     torch.nn.Module.eval(trainer.model)
-    accuracy = warmup.greedy_accuracy(
-        trainer.model,
-        trainer.tokenizer,
-        task.held_out()[:EVAL_PROBLEMS],
-        max_new_tokens=spec.algorithm.max_new_tokens,
-        reward=task.reward,
-    )
-    return {"accuracy": accuracy}
+    if trainer.policy.name == names[0]:
+        accuracy = warmup.greedy_accuracy(
+            trainer.model,
+            trainer.tokenizer,
+            held_out,
+            max_new_tokens=spec.algorithm.max_new_tokens,
+            reward=task.reward,
+        )
+        return {"accuracy": accuracy}
+    if spec.workflow.name == "solver-verifier" and trainer.policy.name == names[1]:
+        balanced = warmup.verifier_balanced_accuracy(
+            trainer.model, trainer.tokenizer, task, held_out[:VERIFIER_EVAL_PROBLEMS]
+        )
+        return {"balanced_accuracy": balanced}
+    return {}
 
 
 class Leader:
@@ -252,6 +268,9 @@ class Leader:
         if warmed:
             log.info("supervised warm-up: %s", warmed)
         await asyncio.to_thread(self.trainer.sync_from_leader)
+        start = await asyncio.to_thread(evaluate, self.trainer, self.rt.config.spec)
+        if start and self.trainer.state.step == 0:  # where RL starts from, as step 0
+            self.write_metrics({"step": 0, "version": 0, **start, **prefixed(warmed)})
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
         try:
             models.export(self.trainer.model, self.trainer.tokenizer, export)
@@ -298,18 +317,22 @@ class Leader:
             "reward": stats.get("reward"),
             "idle_fraction": min(1.0, self.waited / elapsed) if elapsed > 0 else None,
         }
-        if self.metrics is not None:
-            line = {
-                "policy": self.policy.name,
+        self.write_metrics(
+            {
                 "step": state.step,
                 "version": state.version,
                 "stale_dropped": dropped,
                 "step_seconds": round(seconds, 4),
                 **stats,
-                "time": time.time(),
             }
-            with self.metrics.open("a") as out:
-                out.write(json.dumps(line) + "\n")
+        )
+
+    def write_metrics(self, figures: dict[str, Any]) -> None:
+        if self.metrics is None:
+            return
+        line = {"policy": self.policy.name, **figures, "time": time.time()}
+        with self.metrics.open("a") as out:
+            out.write(json.dumps(line) + "\n")
 
 
 async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
@@ -333,6 +356,8 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
             break
         started = time.monotonic()
         samples = to_samples(trajectories)
+        if spec.algorithm.shuffle_rewards:
+            samples = shuffled_rewards(samples, seed=state.step)
         if trainer.world > 1:
             await asyncio.to_thread(share_batch, samples)
         stats = await asyncio.to_thread(trainer.step, samples)
@@ -351,6 +376,13 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
     if leader.publishing is not None:
         await leader.publishing
     trainer.save()
+
+
+def shuffled_rewards(samples: list[batching.Sample], *, seed: int) -> list[batching.Sample]:
+    """The control experiment's batch: the same samples with their rewards permuted."""
+    rewards = [s.reward for s in samples]
+    random.Random(seed).shuffle(rewards)
+    return [dataclasses.replace(s, reward=r) for s, r in zip(samples, rewards, strict=True)]
 
 
 def share_batch(samples: list[batching.Sample] | None) -> list[batching.Sample] | None:
