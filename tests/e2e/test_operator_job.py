@@ -8,10 +8,10 @@ command differs from the chart's default: it runs `polyrl worker` under
 `polyrl run` does; see tests/operator_stack.py).
 
 One override fits the example into a CI time budget: the solver's supervised warm start,
-`trainer.warmupSteps`, goes from 300 to `WARMUP_STEPS` (it runs before version 0, so at 300
-steps it alone would take minutes on two cores; what it buys is accuracy, which this test
-does not check). Everything else, `stop.steps: 60` included, is the file's: the job is
-still running when the test deletes it.
+`trainer.warmupSteps`, goes from the file's limit (thousands of steps, stopped early at
+`warmupTargetAccuracy`; minutes on two cores) to `WARMUP_STEPS`: what it buys is accuracy,
+which this test does not check. Everything else, `stop.steps` included, is the file's: the
+job is still running when the test deletes it.
 """
 
 from __future__ import annotations
