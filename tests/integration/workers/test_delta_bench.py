@@ -35,4 +35,7 @@ async def test_the_quick_delta_benchmark_reports_every_headline_figure() -> None
     assert figures["training_bit_identical"] is True
     assert figures["training_bit_identical_lr1e5"] is True
     assert figures["quick"] is True
+    assert figures["train_step_s"] > 0
+    assert figures["train_step_encode_s"] > 0
+    assert isinstance(figures["encode_share_of_step"], float)  # noise can make it negative
     assert isinstance(figures["shaped_link"], str)

@@ -60,6 +60,13 @@ def run(*, quick: bool) -> dict[str, Any]:
     for suffix, lr in LEARNING_RATES.items():
         _progress(f"training deltas at lr {lr}")
         figures.update(_with_suffix(training_figures(lr, steps), suffix))
+    _progress("encoding beside a training step")
+    overhead = measure.encode_overhead(steps=steps)
+    figures |= {
+        "train_step_s": overhead["step_s"],
+        "train_step_encode_s": overhead["encode_s"],
+        "encode_share_of_step": overhead["overhead"],
+    }
     _progress(f"encode and apply, {mib} MiB synthetic model")
     figures.update(speed_figures(mib, repeats))
     with NatsServer() as server:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -191,3 +192,65 @@ def _timed(work: Callable[[], object]) -> float:
 
 def _numel(state: State) -> int:
     return sum(t.numel() for t in state.values())
+
+
+def encode_overhead(
+    steps: int = 10, hidden: int = 128, layers: int = 4, vocab: int = 512, seed: int = 0
+) -> dict[str, float]:
+    """What encoding a version's delta adds to a training step when it runs beside it.
+
+    The trainer encodes version N on a thread while it trains step N+1 (DESIGN: off the
+    critical path); on a machine with few cores the two still share the CPU. This times
+    training steps of the tiny model alone and with the previous step's delta being encoded
+    on a thread at the same time, interleaved, and reports the medians and their ratio.
+    """
+    import threading
+
+    from transformers import LlamaConfig, LlamaForCausalLM  # only the benchmark needs it
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=vocab,
+        max_position_embeddings=128,
+    )
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
+
+    def train_step() -> float:
+        tokens = torch.randint(0, vocab, (8, 64))
+        started = time.perf_counter()
+        loss = model(input_ids=tokens, labels=tokens).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return time.perf_counter() - started
+
+    train_step()  # warm-up: allocator, Adam state
+    previous = _bf16(model)
+    alone, beside, encode_times = [], [], []
+    for _ in range(steps):
+        alone.append(train_step())
+        current = _bf16(model)
+
+        def encode_delta(old: State = previous, new: State = current) -> None:
+            started = time.perf_counter()
+            encode.encode_delta(old, new, base_version=0, new_version=1)
+            encode_times.append(time.perf_counter() - started)
+
+        worker = threading.Thread(target=encode_delta)
+        worker.start()
+        beside.append(train_step())
+        worker.join()
+        previous = _bf16(model)
+    step_alone, step_beside = statistics.median(alone), statistics.median(beside)
+    return {
+        "step_s": step_alone,
+        "step_with_encode_s": step_beside,
+        "encode_s": statistics.median(encode_times),
+        "overhead": step_beside / step_alone - 1,
+    }
