@@ -46,6 +46,7 @@ from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.runtime import ConfigError, Runtime, load_config
+from polyrl.workers.tasks import verify
 
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = "trainer"
@@ -199,12 +200,12 @@ WARMUP_DEV_PROBLEMS = 200  # from the training distribution: the held-out split 
 
 
 def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
-    """Supervised warm-up of the workflow's first policy, once, before version 0."""
-    first = spec.policies[0].name == trainer.policy.name
+    """Supervised warm-up before version 0, once: the workflow's first policy on the task's
+    answers, and a solver-verifier job's verifier on verdicts of right and near-miss answers."""
     steps = trainer.policy.trainer.warmup_steps
-    if not first or steps == 0 or trainer.state.step > 0 or trainer.state.epoch > 0:
+    task = warmup_task(trainer.policy.name, spec)
+    if task is None or steps == 0 or trainer.state.step > 0 or trainer.state.epoch > 0:
         return {}
-    task = tasks.load_task(spec.workflow.task)
     dev_rng = random.Random(spec.workflow.task.seed + 1)
     return warmup.supervised_warmup(
         trainer.model,
@@ -218,6 +219,17 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
         dev=[task.sample(dev_rng) for _ in range(WARMUP_DEV_PROBLEMS)],
         max_new_tokens=spec.algorithm.max_new_tokens,
     )
+
+
+def warmup_task(policy: str, spec: Any) -> Any:
+    """What `policy` is warmed up on, or None if the workflow gives it nothing to learn from."""
+    names = [p.name for p in spec.policies]
+    task = tasks.load_task(spec.workflow.task)
+    if policy == names[0]:
+        return task
+    if spec.workflow.name == "solver-verifier" and policy == names[1]:
+        return verify.VerificationTask(task)
+    return None
 
 
 def prefixed(warmed: dict[str, float]) -> dict[str, float]:

@@ -186,24 +186,11 @@ def _decode_until_eos(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str
     return str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def wrong_candidate(problem: base.Problem, rng: random.Random) -> str:
-    """A near miss: the answer with its last digit (or character) changed."""
-    answer = problem.answer
-    last = answer[-1]
-    if last.isdigit():
-        replacement = str((int(last) + rng.randint(1, 9)) % 10)
-    else:
-        replacement = "0" if last != "0" else "1"
-    return answer[:-1] + replacement
-
-
 def verifier_balanced_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     task: base.Task,
     problems: Sequence[base.Problem],
-    *,
-    seed: int = 0,
 ) -> float:
     """Mean of the verifier's greedy hit rates on right and on wrong candidate answers.
 
@@ -213,19 +200,14 @@ def verifier_balanced_accuracy(
     """
     from polyrl.workers.tasks import verify
 
-    rng = random.Random(seed)
-    cases: list[tuple[str, bool]] = []
-    for problem in problems:
-        wrong = wrong_candidate(problem, rng)
-        cases.append((verify.verify_prompt(problem, problem.answer), True))
-        if task.reward(problem, wrong) == 0.0:
-            cases.append((verify.verify_prompt(problem, wrong), False))
-    hits = {True: 0, False: 0}
-    for start in range(0, len(cases), 256):
-        chunk = cases[start : start + 256]
-        verdicts = greedy_completions(model, tokenizer, [p for p, _ in chunk], 2)
-        for (_, truth), text in zip(chunk, verdicts, strict=True):
-            hits[truth] += verify.parse_verdict(text) == truth
-    totals = {truth: sum(1 for _, t in cases if t == truth) for truth in (True, False)}
-    rates = [hits[t] / totals[t] for t in (True, False) if totals[t]]
+    judge = verify.VerificationTask(task)
+    rng = random.Random(0)
+    cases = [judge.judged(p, right, rng) for p in problems for right in (True, False)]
+    rates = []
+    for truth in (verify.YES, verify.NO):
+        subset = [c for c in cases if c.answer == truth]
+        if subset:
+            rates.append(
+                greedy_accuracy(model, tokenizer, subset, max_new_tokens=2, reward=judge.reward)
+            )
     return sum(rates) / len(rates)

@@ -9,6 +9,8 @@ and cheap to parse; anything else is no verdict (None), which the workflow score
 
 from __future__ import annotations
 
+import random
+
 from polyrl.workers.tasks import base
 
 YES, NO = "y", "n"
@@ -32,3 +34,53 @@ def parse_verdict(completion: str) -> bool | None:
     if text.startswith(NO):
         return False
     return None
+
+
+def near_miss(problem: base.Problem, rng: random.Random) -> str:
+    """A wrong answer close to the right one: its last digit (or character) changed."""
+    answer = problem.answer
+    last = answer[-1]
+    if last.isdigit():
+        replacement = str((int(last) + rng.randint(1, 9)) % 10)
+    else:
+        replacement = "0" if last != "0" else "1"
+    return answer[:-1] + replacement
+
+
+class VerificationTask:
+    """The verifier's own task: a problem with a candidate answer, judged "y" or "n".
+
+    Candidates are right half of the time and near misses otherwise, so always answering one
+    way is worth exactly half; used for the verifier's supervised warm start (which teaches
+    the verdict format and a first sense of right and wrong) and for its evaluation.
+    """
+
+    def __init__(self, task: base.Task) -> None:
+        self.task = task
+
+    @property
+    def name(self) -> str:
+        return f"verify-{self.task.name}"
+
+    def judged(self, problem: base.Problem, right: bool, rng: random.Random) -> base.Problem:
+        candidate = problem.answer if right else near_miss(problem, rng)
+        if not right and self.task.reward(problem, candidate) > 0.5:
+            candidate, right = problem.answer, True  # the near miss happened to be right too
+        prompt = verify_prompt(problem, candidate)
+        return base.Problem(
+            prompt=prompt, answer=verify_answer(right), id=base.problem_id(self.name, prompt)
+        )
+
+    def sample(self, rng: random.Random) -> base.Problem:
+        return self.judged(self.task.sample(rng), rng.random() < 0.5, rng)
+
+    def reward(self, problem: base.Problem, completion: str) -> float:
+        return 1.0 if parse_verdict(completion) == (problem.answer == YES) else 0.0
+
+    def held_out(self) -> list[base.Problem]:
+        """Each held-out problem of the task twice: with its answer and with a near miss."""
+        rng = random.Random(0)
+        out = []
+        for problem in self.task.held_out():
+            out += [self.judged(problem, True, rng), self.judged(problem, False, rng)]
+        return out

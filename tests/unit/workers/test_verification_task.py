@@ -1,0 +1,69 @@
+"""The verifier's task: right and near-miss candidates, half each, judged "y" or "n"."""
+
+from __future__ import annotations
+
+import random
+
+from polyrl.workers.tasks import arithmetic, verify
+
+
+def task() -> verify.VerificationTask:
+    return verify.VerificationTask(arithmetic.Arithmetic(digits=2, ops="+", held_out=50, seed=0))
+
+
+def test_samples_are_about_half_right_and_say_so_in_their_answer() -> None:
+    judge, rng = task(), random.Random(3)
+    samples = [judge.sample(rng) for _ in range(400)]
+    yes = [s for s in samples if s.answer == verify.YES]
+    assert 160 < len(yes) < 240
+    for sample in samples:
+        problem_prompt, candidate = sample.prompt.rstrip("?").split("=")
+        a, b = (int(x) for x in problem_prompt.split("+"))
+        assert (int(candidate) == a + b) == (sample.answer == verify.YES), sample
+
+
+def test_a_near_miss_differs_from_the_answer_in_its_last_digit_only() -> None:
+    rng = random.Random(0)
+    base = arithmetic.Arithmetic(digits=2, ops="+", held_out=50, seed=0)
+    for problem in base.held_out():
+        wrong = verify.near_miss(problem, rng)
+        assert wrong != problem.answer
+        assert wrong[:-1] == problem.answer[:-1]
+
+
+def test_the_reward_is_the_verdict_agreeing_with_the_truth() -> None:
+    judge = task()
+    right, wrong = judge.held_out()[:2]
+    assert (right.answer, wrong.answer) == (verify.YES, verify.NO)
+    assert judge.reward(right, "y") == 1.0
+    assert judge.reward(right, "n") == 0.0
+    assert judge.reward(wrong, " n") == 1.0
+    assert judge.reward(wrong, "maybe") == 0.0
+
+
+def test_held_out_shows_each_held_out_problem_right_and_wrong() -> None:
+    judge = task()
+    held = judge.held_out()
+    assert len(held) == 2 * len(judge.task.held_out())
+    assert [p.answer for p in held[:4]] == [verify.YES, verify.NO, verify.YES, verify.NO]
+
+
+def test_the_solver_warms_up_on_answers_and_the_verifier_on_verdicts() -> None:
+    from polyrl.api.resources import RLJobSpec
+    from polyrl.workers import trainer
+
+    def spec(workflow: str) -> RLJobSpec:
+        return RLJobSpec.model_validate(
+            {
+                "policies": [
+                    {"name": "solver", "model": {"path": "tiny-llama://a"}},
+                    {"name": "verifier", "model": {"path": "tiny-llama://b"}},
+                ],
+                "workflow": {"name": workflow, "task": {"name": "arithmetic"}},
+            }
+        )
+
+    assert isinstance(trainer.warmup_task("solver", spec("solver-verifier")), arithmetic.Arithmetic)
+    judge = trainer.warmup_task("verifier", spec("solver-verifier"))
+    assert isinstance(judge, verify.VerificationTask)
+    assert trainer.warmup_task("verifier", spec("single")) is None
