@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from tests.operator_stack import OPERATOR_NS, REPO, OperatorProcess
+from tests.operator_stack import OPERATOR_NS, PEERING, REPO, OperatorProcess
 
 from polyrl.testing import charts, tools
 from polyrl.testing.cluster import Cluster
@@ -117,6 +117,9 @@ def operator_kubeconfig(
     keep = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
     docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in keep]
     assert {d["kind"] for d in docs} == keep
+    for doc in docs:
+        if doc["kind"] == "ClusterKopfPeering":
+            doc["metadata"]["name"] = PEERING
     kubectl.apply(yaml.safe_dump_all(docs), "-n", OPERATOR_NS)
     sa = next(d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount")
     token = kubectl("create", "token", sa, "-n", OPERATOR_NS, "--duration=4h").stdout.strip()

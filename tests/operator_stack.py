@@ -32,6 +32,9 @@ from polyrl.testing.kube import Kubectl, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_WORKER = REPO / "tests" / "fakes" / "fake_worker.py"
+# The test operators peer under their own name: the chart's peering (`polyrl`) belongs to
+# whichever Helm release installs it (test_chart.py installs the chart into this cluster).
+PEERING = "polyrl-tests"
 OPERATOR_NS = "polyrl-system"
 # Pods inherit the node agent's environment; on a small machine more than one torch thread
 # per process only contends (as in `polyrl run`), so real workers get one through their env.
@@ -98,7 +101,7 @@ class OperatorProcess:
                 "-m",
                 "polyrl.operator",
                 "--peering",
-                "polyrl",
+                PEERING,
                 "--liveness",
                 f"http://127.0.0.1:{port}/healthz",
             ],

@@ -90,7 +90,12 @@ def one_step(rank: int, world: int, workdir: Path, init_file: Path, out: Path) -
         dist.destroy_process_group()
 
 
-def test_two_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(tmp_path: Path) -> None:
+def test_two_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spawned ranks unpickle `one_step` by importing this module: they need the repository
+    # root on their path (the `pytest` script, unlike `python -m pytest`, does not add it).
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
     one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt")
     mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
         one_step,

@@ -50,7 +50,7 @@ def test_held_out_shows_each_held_out_problem_right_and_wrong() -> None:
 
 def test_the_solver_warms_up_on_answers_and_the_verifier_on_verdicts() -> None:
     from polyrl.api.resources import RLJobSpec
-    from polyrl.workers import trainer
+    from polyrl.workers import evaluation
 
     def spec(workflow: str) -> RLJobSpec:
         return RLJobSpec.model_validate(
@@ -63,7 +63,9 @@ def test_the_solver_warms_up_on_answers_and_the_verifier_on_verdicts() -> None:
             }
         )
 
-    assert isinstance(trainer.warmup_task("solver", spec("solver-verifier")), arithmetic.Arithmetic)
-    judge = trainer.warmup_task("verifier", spec("solver-verifier"))
+    assert isinstance(
+        evaluation.warmup_task("solver", spec("solver-verifier")), arithmetic.Arithmetic
+    )
+    judge = evaluation.warmup_task("verifier", spec("solver-verifier"))
     assert isinstance(judge, verify.VerificationTask)
-    assert trainer.warmup_task("verifier", spec("single")) is None
+    assert evaluation.warmup_task("verifier", spec("single")) is None

@@ -24,7 +24,6 @@ import logging
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -40,13 +39,12 @@ from polyrl.api.launch import WorkerConfig
 from polyrl.api.messages import WorkerState
 from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import batching, bundle, checkpoint, grpo, tasks, warmup
+from polyrl.workers import batching, bundle, checkpoint, evaluation, grpo, ranks
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.runtime import ConfigError, Runtime, load_config
-from polyrl.workers.tasks import verify
 
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = "trainer"
@@ -193,76 +191,6 @@ async def pull_batch(
     return kept, msgs, dropped
 
 
-WARMUP_LR = 3e-3  # measured on the tiny model: 150 steps take 1-digit addition from 0 to ~0.9
-EVAL_PROBLEMS = 1000
-VERIFIER_EVAL_PROBLEMS = 500  # each shown right and wrong: 1,000 verdicts
-WARMUP_DEV_PROBLEMS = 200  # from the training distribution: the held-out split stays unseen
-
-
-def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
-    """Supervised warm-up before version 0, once: the workflow's first policy on the task's
-    answers, and a solver-verifier job's verifier on verdicts of right and near-miss answers."""
-    steps = trainer.policy.trainer.warmup_steps
-    task = warmup_task(trainer.policy.name, spec)
-    if task is None or steps == 0 or trainer.state.step > 0 or trainer.state.epoch > 0:
-        return {}
-    dev_rng = random.Random(spec.workflow.task.seed + 1)
-    return warmup.supervised_warmup(
-        trainer.model,
-        trainer.tokenizer,
-        task,
-        steps=steps,
-        batch_size=32,
-        lr=WARMUP_LR,
-        seed=spec.workflow.task.seed,
-        target=trainer.policy.trainer.warmup_target_accuracy,
-        dev=[task.sample(dev_rng) for _ in range(WARMUP_DEV_PROBLEMS)],
-        max_new_tokens=spec.algorithm.max_new_tokens,
-    )
-
-
-def warmup_task(policy: str, spec: Any) -> Any:
-    """What `policy` is warmed up on, or None if the workflow gives it nothing to learn from."""
-    names = [p.name for p in spec.policies]
-    task = tasks.load_task(spec.workflow.task)
-    if policy == names[0]:
-        return task
-    if spec.workflow.name == "solver-verifier" and policy == names[1]:
-        return verify.VerificationTask(task)
-    return None
-
-
-def prefixed(warmed: dict[str, float]) -> dict[str, float]:
-    return {f"warmup_{k}": v for k, v in warmed.items()}
-
-
-def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
-    """Held-out figures every `evalEvery` steps: the solver's greedy accuracy, the verifier's
-    balanced accuracy (for the solver-verifier workflow's second policy)."""
-    every = trainer.policy.trainer.eval_every
-    if every == 0 or trainer.state.step % every:
-        return {}
-    names = [p.name for p in spec.policies]
-    task = tasks.load_task(spec.workflow.task)
-    held_out = task.held_out()[:EVAL_PROBLEMS]
-    torch.nn.Module.eval(trainer.model)
-    if trainer.policy.name == names[0]:
-        accuracy = warmup.greedy_accuracy(
-            trainer.model,
-            trainer.tokenizer,
-            held_out,
-            max_new_tokens=spec.algorithm.max_new_tokens,
-            reward=task.reward,
-        )
-        return {"accuracy": accuracy}
-    if spec.workflow.name == "solver-verifier" and trainer.policy.name == names[1]:
-        balanced = warmup.verifier_balanced_accuracy(
-            trainer.model, trainer.tokenizer, task, held_out[:VERIFIER_EVAL_PROBLEMS]
-        )
-        return {"balanced_accuracy": balanced}
-    return {}
-
-
 class Leader:
     """Rank 0's NATS side: bundle, weight publication, trajectories, heartbeats, metrics."""
 
@@ -276,13 +204,13 @@ class Leader:
         self.metrics = Path(metrics) if metrics else None
 
     async def start(self) -> Any:
-        warmed = await asyncio.to_thread(warm_start, self.trainer, self.rt.config.spec)
+        warmed = await asyncio.to_thread(evaluation.warm_start, self.trainer, self.rt.config.spec)
         if warmed:
             log.info("supervised warm-up: %s", warmed)
         await asyncio.to_thread(self.trainer.sync_from_leader)
-        start = await asyncio.to_thread(evaluate, self.trainer, self.rt.config.spec)
+        start = await asyncio.to_thread(evaluation.evaluate, self.trainer, self.rt.config.spec)
         if start and self.trainer.state.step == 0:  # where RL starts from, as step 0
-            self.write_metrics({"step": 0, "version": 0, **start, **prefixed(warmed)})
+            self.write_metrics({"step": 0, "version": 0, **start, **evaluation.prefixed(warmed)})
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
         try:
             models.export(self.trainer.model, self.trainer.tokenizer, export)
@@ -371,9 +299,9 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         if spec.algorithm.shuffle_rewards:
             samples = shuffled_rewards(samples, seed=state.step)
         if trainer.world > 1:
-            await asyncio.to_thread(share_batch, samples)
+            await asyncio.to_thread(ranks.share_batch, samples)
         stats = await asyncio.to_thread(trainer.step, samples)
-        stats |= await asyncio.to_thread(evaluate, trainer, spec)
+        stats |= await asyncio.to_thread(evaluation.evaluate, trainer, spec)
         for msg in msgs:
             await msg.ack()
         await leader.publish_next()
@@ -384,7 +312,7 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
             trainer.save()
     if trainer.world > 1:
-        await asyncio.to_thread(share_batch, None)  # tells the other ranks to stop
+        await asyncio.to_thread(ranks.share_batch, None)  # tells the other ranks to stop
     if leader.publishing is not None:
         await leader.publishing
     trainer.save()
@@ -395,20 +323,6 @@ def shuffled_rewards(samples: list[batching.Sample], *, seed: int) -> list[batch
     rewards = [s.reward for s in samples]
     random.Random(seed).shuffle(rewards)
     return [dataclasses.replace(s, reward=r) for s, r in zip(samples, rewards, strict=True)]
-
-
-def share_batch(samples: list[batching.Sample] | None) -> list[batching.Sample] | None:
-    """Rank 0 hands the step's samples to every rank (None: training is over)."""
-    box: list[Any] = [samples]
-    dist.broadcast_object_list(box, src=0)
-    result: list[batching.Sample] | None = box[0]
-    return result
-
-
-def follow(trainer: Trainer) -> None:
-    """Ranks other than 0: train on each batch rank 0 shares until it says stop."""
-    while (samples := share_batch(None)) is not None:
-        trainer.step(samples)
 
 
 def workdir_for(config: WorkerConfig) -> Path:
@@ -427,7 +341,7 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     )
     if rank != 0:
         trainer.sync_from_leader()
-        await asyncio.to_thread(follow, trainer)
+        await asyncio.to_thread(ranks.follow, trainer)
         return
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
@@ -448,7 +362,7 @@ def main() -> int:
     except ConfigError as err:
         print(f"polyrl trainer: {err}", file=sys.stderr)
         return 2
-    init_process_group()
+    ranks.init_process_group()
     try:
         asyncio.run(serve(config, pod))
     except ConfigError as err:
@@ -457,21 +371,6 @@ def main() -> int:
     finally:
         dist.destroy_process_group()
     return 0
-
-
-def init_process_group() -> None:
-    """gloo on CPU, nccl on GPU; a lone process (no torchrun) is a world of one."""
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 if __name__ == "__main__":

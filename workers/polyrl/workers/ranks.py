@@ -1,0 +1,48 @@
+"""Data-parallel ranks of the trainer under torchrun: process group, batch sharing.
+
+Rank 0 alone talks to NATS; it hands each step's samples to every rank and, at the end,
+None to say stop. Every other rank only follows (`follow`), training on its shard.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from polyrl.workers import batching
+
+if TYPE_CHECKING:
+    from polyrl.workers.trainer import Trainer
+
+
+def share_batch(samples: list[batching.Sample] | None) -> list[batching.Sample] | None:
+    """Rank 0 hands the step's samples to every rank (None: training is over)."""
+    box: list[Any] = [samples]
+    dist.broadcast_object_list(box, src=0)
+    result: list[batching.Sample] | None = box[0]
+    return result
+
+
+def follow(trainer: Trainer) -> None:
+    """Ranks other than 0: train on each batch rank 0 shares until it says stop."""
+    while (samples := share_batch(None)) is not None:
+        trainer.step(samples)
+
+
+def init_process_group() -> None:
+    """gloo on CPU, nccl on GPU; a lone process (no torchrun) is a world of one."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
