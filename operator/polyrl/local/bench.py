@@ -105,7 +105,9 @@ def mode_figures(result: dict[str, Any], first_policy: str, batch: int) -> dict[
     metrics = {p: rs for p, rs in metrics.items() if rs}
     if not metrics or first_policy not in metrics:
         raise RuntimeError("no trainer step was recorded; see the run's logs")
-    start = min(
+    # RL starts once every trainer waits for its first batch: a policy with a warm start
+    # gets there minutes after one without, and that wait is the same in both modes.
+    start = max(
         r[0]["time"] - r[0]["step_seconds"] - r[0].get("wait_seconds", 0.0)
         for r in metrics.values()
     )
