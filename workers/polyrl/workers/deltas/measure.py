@@ -132,12 +132,10 @@ def _delta_figures(old: State, new: State, version: int) -> dict[str, Any]:
     }
 
 
-def _train_snapshots(
-    lr: float, steps: int, hidden: int, layers: int, vocab: int, seed: int
-) -> list[State]:
+def _training_model(hidden: int, layers: int, vocab: int) -> Any:
+    """The small Llama whose training steps the benchmark diffs and times."""
     from transformers import LlamaConfig, LlamaForCausalLM  # only the benchmark needs it
 
-    torch.manual_seed(seed)
     config = LlamaConfig(
         hidden_size=hidden,
         intermediate_size=hidden * 8 // 3,
@@ -147,7 +145,14 @@ def _train_snapshots(
         vocab_size=vocab,
         max_position_embeddings=128,
     )
-    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    return LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+
+
+def _train_snapshots(
+    lr: float, steps: int, hidden: int, layers: int, vocab: int, seed: int
+) -> list[State]:
+    torch.manual_seed(seed)
+    model = _training_model(hidden, layers, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     snapshots = [_bf16(model)]
     for _ in range(steps):
@@ -206,19 +211,8 @@ def encode_overhead(
     """
     import threading
 
-    from transformers import LlamaConfig, LlamaForCausalLM  # only the benchmark needs it
-
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=hidden,
-        intermediate_size=hidden * 8 // 3,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=vocab,
-        max_position_embeddings=128,
-    )
-    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model = _training_model(hidden, layers, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
 
     def train_step() -> float:
