@@ -97,6 +97,15 @@ def value_delta(old: UInt, new: UInt, floating: bool) -> UInt:
 
 def apply_value_delta(old: UInt, folded: UInt, floating: bool) -> UInt:
     """Inverse of `value_delta`: the new bits from the old ones."""
+    return apply_step(old, unzigzag(folded), floating)
+
+
+def apply_step(old: UInt, step: UInt, floating: bool) -> UInt:
+    """The new bits from the old ones and the unzigzagged difference (wrapping) between them.
+
+    Split from `apply_value_delta` so a decoder can unzigzag a whole tensor's deltas in one call
+    and keep the per-chunk work, done while the chunk is in cache, to the few operations here.
+    """
     base = ordered(old) if floating else old
-    new = base + unzigzag(folded)
+    new = base + step
     return ordered(new) if floating else new

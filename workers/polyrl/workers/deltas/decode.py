@@ -8,7 +8,7 @@ exactly as they were. The order of work guarantees that:
 2. Every stream and section is decompressed and decoded: a sparse tensor yields positions and
    value deltas (range-checked), a whole tensor its new bits in scratch, whose checksum is verified
    here, as is that of every unchanged tensor. Still nothing touched.
-3. Sparse patches are written in place, a 1 MiB chunk of the target at a time: gather the old bits
+3. Sparse patches are written in place, a 4 MiB chunk of the target at a time: gather the old bits
    into the undo log, write the new ones, feed the chunk to a streaming xxh3 while it is in cache.
    On a checksum mismatch, or any exception, every sparse patch is undone from the undo log once
    all writes have ended, and the exception propagates: the caller has its old tensors back.
@@ -43,7 +43,11 @@ from polyrl.workers.deltas.diff import Positions
 from polyrl.workers.deltas.format import Header, Kind, TensorEntry
 from polyrl.workers.deltas.sections import U64
 
-CHUNK_BYTES = 1 << 20
+# Measured on 256 MiB of bf16 with 1% changed, 2 threads, against `copy_`: 1 MiB chunks 2.8x a
+# copy, 2 MiB 2.5x, 4 MiB 2.2x, 8 MiB 1.9x, 16 MiB 2.1x (noise about 0.3x). Smaller chunks pay
+# numpy's per-call cost, with the GIL held, too often; larger ones leave the cache before the hash
+# reads them, and a replica's threads share one L3.
+CHUNK_BYTES = 1 << 22
 
 
 @dataclasses.dataclass(slots=True)
@@ -52,7 +56,7 @@ class _Sparse:
     entry: TensorEntry
     target: UInt
     positions: Positions
-    folded: UInt  # zigzagged value deltas, see `bitviews.value_delta`
+    step: UInt  # the unzigzagged value deltas, see `bitviews.value_delta`
     floating: bool
     old: UInt  # the undo log: the bits at `positions` before, filled as the write goes
     logged: int = 0  # positions[:logged] have their old bits in `old`
@@ -138,9 +142,9 @@ def _decode_sparse(
         target, floating = targets[i]
         if int(folded.max()) >= 1 << (8 * target.itemsize):
             raise errors.CorruptDelta(f"{header.tensors[i].name}: value delta out of range")
-        narrow = folded.astype(target.dtype)
-        undo = np.empty_like(narrow)
-        return _Sparse(i, header.tensors[i], target, positions, narrow, floating, undo)
+        step = bitviews.unzigzag(folded.astype(target.dtype))
+        undo = np.empty_like(step)
+        return _Sparse(i, header.tensors[i], target, positions, step, floating, undo)
 
     return [patch(i, *decoded_i) for i, decoded_i in zip(chosen, decoded, strict=True)]
 
@@ -228,7 +232,7 @@ def _write_and_verify(patch: _Sparse) -> None:
             old = piece[local]
             patch.old[low:high] = old
             patch.logged = int(high)  # logged before written: undoing the unwritten is harmless
-            piece[local] = bitviews.apply_value_delta(old, patch.folded[low:high], patch.floating)
+            piece[local] = bitviews.apply_step(old, patch.step[low:high], patch.floating)
         hasher.update(piece.data)
     if hasher.intdigest() != patch.entry.xxh3:
         raise errors.ChecksumMismatch(f"{patch.entry.name}: result differs from the trainer's")
