@@ -49,6 +49,26 @@ def test_arithmetic_reward_is_exact(completion: str, reward: float) -> None:
     assert task.reward(problem("12+35=", "47"), completion) == reward
 
 
+@pytest.mark.parametrize(
+    ("value", "text"), [(0, "0"), (7, "7"), (47, "74"), (120, "021"), (-12, "-21"), (-3, "-3")]
+)
+def test_reversed_answers_write_the_digits_least_significant_first(value: int, text: str) -> None:
+    assert arithmetic.written(value, reverse=True) == text
+    assert arithmetic.written(value, reverse=False) == str(value)
+
+
+def test_reversed_arithmetic_keeps_the_prompts_and_the_held_out_split() -> None:
+    plain = load("arithmetic", {"ops": "+-"})
+    reverse = load("arithmetic", {"ops": "+-", "reverse": True})
+    pairs = list(zip(plain.held_out(), reverse.held_out(), strict=True))
+    assert [a.id for a, _ in pairs] == [b.id for _, b in pairs]
+    for a, b in pairs:
+        assert b.answer == arithmetic.written(int(a.answer), reverse=True)
+        assert reverse.reward(b, b.answer) == 1.0
+        if a.answer != b.answer:  # a palindrome reads the same both ways
+            assert reverse.reward(b, a.answer) == 0.0
+
+
 def test_arithmetic_answers_are_right_for_every_operator() -> None:
     task = load("arithmetic", {"digits": 2, "ops": "+-*/"})
     rng = random.Random(1)
@@ -186,6 +206,7 @@ def user_module() -> Iterator[types.ModuleType]:
         ("arithmetic", {"digits": 0}, "param digits must be an integer in"),
         ("arithmetic", {"digits": True}, "param digits must be an integer in"),
         ("arithmetic", {"ops": "+^"}, "ops must be made of"),
+        ("arithmetic", {"reverse": "yes"}, "param reverse must be true or false"),
         ("countdown", {"min_target": 5, "max_target": 4}, "min_target must be <= max_target"),
     ],
 )

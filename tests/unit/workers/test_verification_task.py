@@ -31,6 +31,28 @@ def test_a_near_miss_differs_from_the_answer_in_its_last_digit_only() -> None:
         assert wrong[:-1] == problem.answer[:-1]
 
 
+def test_an_arithmetic_near_miss_changes_the_ones_digit_wherever_it_is_written() -> None:
+    rng = random.Random(0)
+    for reverse in (False, True):
+        task = arithmetic.Arithmetic(digits=2, ops="+-", held_out=200, seed=0, reverse=reverse)
+        judge = verify.VerificationTask(task)
+        for problem in task.held_out():
+            wrong = task.near_miss(problem, rng)
+            assert task.reward(problem, wrong) == 0.0
+            ones = 0 if not problem.answer.startswith("-") else 1
+            ones = ones if reverse else len(problem.answer) - 1
+            assert (
+                wrong[:ones] + wrong[ones + 1 :]
+                == problem.answer[:ones] + problem.answer[ones + 1 :]
+            )
+        wrong_ones = [p for p in judge.held_out() if p.answer == verify.NO]
+        plain = {p.prompt.split("=")[0]: p.answer for p in task.held_out()}
+        for judged in wrong_ones:
+            prompt, candidate = judged.prompt.rstrip("?").split("=")
+            assert candidate != plain[prompt]
+            assert len(candidate) == len(plain[prompt])
+
+
 def test_the_reward_is_the_verdict_agreeing_with_the_truth() -> None:
     judge = task()
     right, wrong = judge.held_out()[:2]

@@ -3,7 +3,17 @@
 Params: `digits` (1-9, default 2): operands are drawn from [0, 10**digits); `ops` (default "+"):
 the operators to draw from, any of "+-*/". Division problems are built as `(b*q)/b`, so every
 answer is an integer and the dividend keeps at most `digits` digits. Subtraction answers may be
-negative ("3-5=" -> "-2").
+negative ("3-5=" -> "-2"). `reverse` (default false): the answer's digits are written least
+significant first, after the sign ("12+39=" -> "15", "3-15=" -> "-21").
+
+Why `reverse`: written most significant digit first, the tens digit of a sum depends on a carry
+from a digit not yet written, so the model must compute it silently; reversed, every digit
+depends only on the operands and the digits already written. Small transformers learn addition
+far faster that way (Lee et al. 2023, "Teaching arithmetic to small transformers"). Measured on
+the quick start's 0.45 M-parameter model (supervised, batch 32, lr 3e-3): reversed answers
+take off after 500-1,250 steps and reach 85 % after 1,000-2,000; in the usual order after
+1,750-3,800 steps, and 91 % only after about 4,250. GRPO gains about twice as much from the
+same start in the same number of steps (see docs/dataplane.md).
 
 The reward is 1.0 iff the answer text, cut at the first space, is exactly the answer: no
 leading zeros, no "+", no trailing junk glued to the number.
@@ -21,10 +31,13 @@ OPERATORS = "+-*/"
 
 
 class Arithmetic(base.GeneratedTask):
-    def __init__(self, *, digits: int, ops: str, held_out: int, seed: int) -> None:
+    def __init__(
+        self, *, digits: int, ops: str, held_out: int, seed: int, reverse: bool = False
+    ) -> None:
         if not ops or any(op not in OPERATORS for op in ops):
             raise ValueError(f"task {NAME}: ops must be made of {OPERATORS!r}, got {ops!r}")
         self.digits = digits
+        self.reverse = reverse
         self.ops = "".join(sorted(set(ops), key=OPERATORS.index))
         super().__init__(held_out=held_out, seed=seed)
 
@@ -50,11 +63,34 @@ class Arithmetic(base.GeneratedTask):
             left, right = rng.randrange(limit), rng.randrange(limit)
             answer = {"+": left + right, "-": left - right, "*": left * right}[op]
         prompt = f"{left}{op}{right}="
-        return base.Problem(prompt=prompt, answer=str(answer), id=base.problem_id(NAME, prompt))
+        text = written(answer, reverse=self.reverse)
+        return base.Problem(prompt=prompt, answer=text, id=base.problem_id(NAME, prompt))
 
     def reward(self, problem: base.Problem, completion: str) -> float:
         text = base.answer_text(completion)
         return 1.0 if text.split(" ", 1)[0] == problem.answer else 0.0
+
+    def near_miss(self, problem: base.Problem, rng: random.Random) -> str:
+        """A wrong answer whose ones digit alone differs (the first digit when reversed).
+
+        The verifier's near misses: the ones digit is the one a model computes from the two
+        ones digits of the operands alone, so checking it is the first thing a verifier can
+        learn; a near miss in the leading digit would need the carry.
+        """
+        answer = problem.answer
+        sign = 1 if answer.startswith("-") else 0
+        at = sign if self.reverse else len(answer) - 1
+        digit = str((int(answer[at]) + rng.randint(1, 9)) % 10)
+        return answer[:at] + digit + answer[at + 1 :]
+
+
+def written(value: int, *, reverse: bool) -> str:
+    """An integer as the task writes its answers: its digits reversed after the sign, or not."""
+    text = str(value)
+    if not reverse:
+        return text
+    sign = "-" if value < 0 else ""
+    return sign + text.removeprefix("-")[::-1]
 
 
 def _divisor_summatory(n: int) -> int:
@@ -64,9 +100,12 @@ def _divisor_summatory(n: int) -> int:
 
 
 def make(params: base.Params, *, held_out: int, seed: int) -> Arithmetic:
-    base.check_known(NAME, params, {"digits", "ops"})
+    base.check_known(NAME, params, {"digits", "ops", "reverse"})
     digits = base.int_param(NAME, params, "digits", 2, 1, 9)
     ops = params.get("ops", "+")
     if not isinstance(ops, str):
         raise ValueError(f"task {NAME}: param ops must be a string such as '+-', got {ops!r}")
-    return Arithmetic(digits=digits, ops=ops, held_out=held_out, seed=seed)
+    reverse = params.get("reverse", False)
+    if not isinstance(reverse, bool):
+        raise ValueError(f"task {NAME}: param reverse must be true or false, got {reverse!r}")
+    return Arithmetic(digits=digits, ops=ops, held_out=held_out, seed=seed, reverse=reverse)

@@ -37,7 +37,11 @@ def parse_verdict(completion: str) -> bool | None:
 
 
 def near_miss(problem: base.Problem, rng: random.Random) -> str:
-    """A wrong answer close to the right one: its last digit (or character) changed."""
+    """A wrong answer close to the right one: its last digit (or character) changed.
+
+    The default; a task with a `near_miss(problem, rng)` method of its own (arithmetic, whose
+    answers may be written reversed) decides for itself which digit is the near one.
+    """
     answer = problem.answer
     last = answer[-1]
     if last.isdigit():
@@ -63,7 +67,8 @@ class VerificationTask:
         return f"verify-{self.task.name}"
 
     def judged(self, problem: base.Problem, right: bool, rng: random.Random) -> base.Problem:
-        candidate = problem.answer if right else near_miss(problem, rng)
+        miss = getattr(self.task, "near_miss", None) or near_miss
+        candidate = problem.answer if right else miss(problem, rng)
         if not right and self.task.reward(problem, candidate) > 0.5:
             candidate, right = problem.answer, True  # the near miss happened to be right too
         prompt = verify_prompt(problem, candidate)
