@@ -75,6 +75,12 @@ class Optimizer(ApiModel):
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    lr_warmup_steps: int = Field(
+        0,
+        ge=0,
+        le=100000,
+        description="RL steps over which the learning rate ramps linearly up to lr. Adam's first steps move every weight by about lr whatever the gradient, which right after a supervised warm start knocks a small model's accuracy down before RL lifts it.",
+    )
 
 
 class TrainerSpec(ApiModel):
@@ -96,7 +102,13 @@ class TrainerSpec(ApiModel):
         None,
         gt=0,
         le=1,
-        description="Stop the warm-up early once greedy accuracy on training problems reaches this (checked every 50 steps; warmupSteps stays the limit). Where to hand over to RL depends on how fast the model learns, which varies from run to run; a target makes the starting point reproducible.",
+        description="Stop the warm-up early once greedy accuracy on training problems reaches this (checked every 10 steps; warmupSteps stays the limit). Where to hand over to RL depends on how fast the model learns, which varies from run to run; a target makes the starting point reproducible.",
+    )
+    warmup_batch_size: int = Field(
+        128,
+        ge=1,
+        le=4096,
+        description="Problems per supervised warm-up step. A small model's accuracy climbs late and then steeply; larger batches bring the climb sooner and make its timing steadier from seed to seed.",
     )
     eval_every: int = Field(
         0,

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 STATE = "trainer.json"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
+REFERENCE = "reference.safetensors"  # the KL anchor, when the trainer has one
 
 
 @dataclass
@@ -38,6 +39,7 @@ def save(
     state: TrainerState,
     *,
     tokenizer: Any = None,
+    reference: torch.nn.Module | None = None,
 ) -> None:
     """Write the checkpoint; with the model's config and `tokenizer` it is also an HF directory.
 
@@ -50,6 +52,9 @@ def save(
         weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(_untie(weights), str(staging / WEIGHTS))
         torch.save(optimizer.state_dict(), staging / OPTIMIZER)
+        if reference is not None:
+            anchor = {k: v.detach().contiguous().clone() for k, v in reference.state_dict().items()}
+            save_file(_untie(anchor), str(staging / REFERENCE))
         (staging / STATE).write_text(json.dumps(asdict(state)))
         config = getattr(model, "config", None)
         if config is not None:
@@ -74,6 +79,12 @@ def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[name] = tensor.clone() if ptr in seen else tensor
         seen.add(ptr)
     return out
+
+
+def load_reference(directory: Path) -> dict[str, torch.Tensor] | None:
+    """The KL anchor saved with the last checkpoint, if it has one."""
+    path = directory / REFERENCE
+    return load_file(str(path)) if path.is_file() else None
 
 
 def resume(

@@ -12,12 +12,17 @@ next batch is pulled and trained: only the encoding of one version is in flight.
 
 Checkpoints (`checkpoint.py`) every `checkpointEvery` steps and on exit; a restarted
 trainer resumes in a new epoch and numbers versions after the last one announced.
+
+With `algorithm.klCoef > 0` every rank keeps a frozen copy of the policy RL started from
+(after the warm start) and adds the k3 KL to it to the loss; the copy is checkpointed with
+the weights, so a resumed trainer is held to the same anchor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -71,11 +76,36 @@ class Trainer:
         )
         self.checkpoint_dir = workdir / "checkpoint"
         self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
+        self.reference: torch.nn.Module | None = None  # see `freeze_reference`
 
     def save(self) -> None:
         checkpoint.save(
-            self.checkpoint_dir, self.model, self.optimizer, self.state, tokenizer=self.tokenizer
+            self.checkpoint_dir,
+            self.model,
+            self.optimizer,
+            self.state,
+            tokenizer=self.tokenizer,
+            reference=self.reference,
         )
+
+    def freeze_reference(self) -> None:
+        """The KL term's anchor (klCoef > 0): the policy RL starts from, frozen.
+
+        That is the model after the warm start, or the checkpoint's saved anchor on resume
+        (not the resumed weights, which RL has already moved). Rank 0's copy is broadcast, so
+        every rank is held to the same one.
+        """
+        if self.algo.kl_coef == 0:
+            return
+        reference = copy.deepcopy(self.model)
+        saved = checkpoint.load_reference(self.checkpoint_dir) if self.rank == 0 else None
+        if saved is not None:
+            reference.load_state_dict(saved, strict=False)
+        for tensor in reference.state_dict().values():
+            if self.world > 1:
+                dist.broadcast(tensor, src=0)
+        torch.nn.Module.eval(reference)  # transformers' `eval` is untyped
+        self.reference = reference.requires_grad_(False)
 
     def bf16(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
@@ -99,6 +129,7 @@ class Trainer:
             new = batching.token_logprobs(
                 logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
             )
+            reference = self._reference_logprobs(batch, part)
             loss, stats = grpo.grpo_loss(
                 new,
                 batch.old_logprobs[part],
@@ -109,18 +140,32 @@ class Trainer:
                 tis_cap=self.algo.tis_cap,
                 prox_logprobs=new.detach(),
                 num_tokens=max(1.0, step_tokens),
+                kl_coef=self.algo.kl_coef if reference is not None else 0.0,
+                ref_logprobs=reference,
             )
             loss.backward()  # type: ignore[no-untyped-call]
         self._average_gradients()
-        torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.policy.trainer.optimizer.grad_clip
-        )
+        settings = self.policy.trainer.optimizer
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = scheduled_lr(self.state.step, settings.lr, settings.lr_warmup_steps)
         self.optimizer.step()
         self.state.step += 1
         stats["reward"] = float(batch.rewards.mean())
         ages = [self.state.version - s.weight_version for s in samples]
         stats["staleness"] = sum(ages) / len(ages)
         return stats
+
+    def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            logits = self.reference(
+                input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
+            ).logits
+            return batching.token_logprobs(
+                logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
+            )
 
     def _average_gradients(self) -> None:
         if self.world == 1:
@@ -138,15 +183,26 @@ class Trainer:
         nodes, without it); from then on identical starts and averaged gradients keep the
         ranks identical.
         """
-        if self.world == 1:
-            return
-        for tensor in self.model.state_dict().values():
-            dist.broadcast(tensor, src=0)
-        shared: list[Any] = [self.optimizer.state_dict(), self.state]
-        dist.broadcast_object_list(shared, src=0)
-        if self.rank != 0:
-            self.optimizer.load_state_dict(shared[0])
-            self.state = shared[1]
+        if self.world > 1:
+            for tensor in self.model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+            shared: list[Any] = [self.optimizer.state_dict(), self.state]
+            dist.broadcast_object_list(shared, src=0)
+            if self.rank != 0:
+                self.optimizer.load_state_dict(shared[0])
+                self.state = shared[1]
+        self.freeze_reference()
+
+
+def scheduled_lr(step: int, lr: float, warmup_steps: int) -> float:
+    """The learning rate of RL step `step` (0-based): a linear ramp to `lr` over `warmup_steps`.
+
+    A function of the step counter alone, which checkpoints carry, so a resumed trainer picks
+    the ramp up where it stopped without a scheduler's state.
+    """
+    if warmup_steps <= 0:
+        return lr
+    return lr * min(1.0, (step + 1) / warmup_steps)
 
 
 def to_samples(trajectories: list[Trajectory]) -> list[batching.Sample]:
