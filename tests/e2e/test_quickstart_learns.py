@@ -62,7 +62,9 @@ def test_the_quickstart_solver_learns_from_rewards_and_the_verifier_improves(
     assert trained["solver"][0]["step"] == 0  # the start is measured after the warm-up
     assert end - start >= 0.40, f"solver accuracy {start:.3f} -> {end:.3f}"
     verifier_start, verifier_end = gain(trained["verifier"], "balanced_accuracy")
-    assert verifier_end > verifier_start + 0.05, (verifier_start, verifier_end)
+    # An untrained verifier writes no verdict at all (0.0), and always answering "y" scores
+    # 0.5: learning the format alone must not count as a rise, so ask for judgement above chance.
+    assert verifier_end >= max(verifier_start, 0.5) + 0.05, (verifier_start, verifier_end)
 
     control = run_quickstart(tmp_path / "shuffled", shuffle=True)
     shuffled_start, shuffled_end = gain(control["solver"], "accuracy")

@@ -105,10 +105,10 @@ class TrainerSpec(ApiModel):
         description="Stop the warm-up early once greedy accuracy on training problems reaches this (checked every 10 steps; warmupSteps stays the limit). Where to hand over to RL depends on how fast the model learns, which varies from run to run; a target makes the starting point reproducible.",
     )
     warmup_batch_size: int = Field(
-        128,
+        32,
         ge=1,
         le=4096,
-        description="Problems per supervised warm-up step. A small model's accuracy climbs late and then steeply; larger batches bring the climb sooner and make its timing steadier from seed to seed.",
+        description="Problems per supervised warm-up step. A small model's accuracy climbs late and then steeply, after a number of steps that varies several-fold with the seed; larger batches often bring the climb in fewer steps, each of which costs more.",
     )
     eval_every: int = Field(
         0,

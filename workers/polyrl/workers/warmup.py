@@ -194,8 +194,8 @@ def verifier_balanced_accuracy(
 ) -> float:
     """Mean of the verifier's greedy hit rates on right and on wrong candidate answers.
 
-    Each problem is shown once with its reference answer and once with a near miss (the last
-    digit changed), so a verifier that always says "y" (or always "n") scores 0.5, however
+    Each problem is shown once with its reference answer and once with a near miss (one digit
+    changed, the ones digit for arithmetic), so a verifier that always says "y" (or always "n") scores 0.5, however
     often the solver is right; no verdict counts as wrong.
     """
     from polyrl.workers.tasks import verify
