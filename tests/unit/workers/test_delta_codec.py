@@ -17,7 +17,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polyrl.workers.deltas import decode, diff, encode, errors, format
+from polyrl.workers.deltas import decode, diff, encode, errors, format, threads
 from polyrl.workers.deltas.format import Kind
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
@@ -407,3 +407,9 @@ def test_targets_that_overlap_in_memory_are_refused():
     }
     with pytest.raises(errors.TargetMismatch, match="overlap"):
         decode.apply_delta(target, blob, have_version=1)
+
+
+def test_a_small_model_is_coded_on_one_thread_unless_told_otherwise() -> None:
+    assert threads.for_size(threads.PARALLEL_MIN_BYTES - 1, None) == 1
+    assert threads.for_size(threads.PARALLEL_MIN_BYTES, None) is None  # torch's thread count
+    assert threads.for_size(1024, 4) == 4

@@ -112,6 +112,7 @@ def _apply(
     workers: int | None,
 ) -> None:
     targets = _targets(state, header)
+    workers = threads.for_size(sum(t.nbytes for t, _ in targets), workers)
     skip = _aliases([state[entry.name] for entry in header.tensors], header)  # tied weights
     sparse = [p for p in _decode_sparse(header, streams, targets) if p.index not in skip]
     dense = [p for p in _decode_dense(header, wholes, targets, workers) if p.index not in skip]

@@ -44,6 +44,7 @@ def encode_delta(
 ) -> bytes:
     """The delta that turns `old` (published as `base_version`) into `new`."""
     _check_layout(old, new)
+    workers = threads.for_size(_nbytes(new), workers)
     encoded = threads.run(
         lambda name: _encode_tensor(name, old[name], new[name], level), list(new), workers
     )
@@ -58,6 +59,7 @@ def encode_keyframe(
     workers: int | None = None,
 ) -> bytes:
     """Every tensor of `state` sent whole; applies to any target of the same layout."""
+    workers = threads.for_size(_nbytes(state), workers)
 
     def whole(name: str) -> _Encoded:
         new = bitviews.bits(state[name])
@@ -131,6 +133,10 @@ def _pack(
         tensors=tuple(e.entry for e in encoded),
     )
     return format.pack(header, streams, [e.section for e in encoded if e.entry.kind is Kind.WHOLE])
+
+
+def _nbytes(state: StateDict) -> int:
+    return sum(tensor.nbytes for tensor in state.values())
 
 
 def _check_layout(old: StateDict, new: StateDict) -> None:

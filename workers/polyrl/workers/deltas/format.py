@@ -110,7 +110,9 @@ def pack(header: Header, streams: Sequence[bytes], wholes: Sequence[bytes]) -> b
     if _lengths(header) != [len(part) for part in parts]:
         raise ValueError("streams and sections do not match the header's lengths")
     text = json.dumps(_header_to_json(header), separators=(",", ":")).encode()
-    zheader = zstandard.ZstdCompressor(level=19).compress(text)
+    # Level 1: on a 6.5 KB header (39 tensors) level 19 saved 3 bytes and took 6.4 ms, against
+    # 0.05 ms; on a small model that was a third of the whole encode.
+    zheader = zstandard.ZstdCompressor(level=1).compress(text)
     payload_length = sum(len(part) for part in parts)
     head = PRELUDE.pack(MAGIC, ENCODER_VERSION, 0, len(zheader), len(text), payload_length, 0)
     hasher = xxhash.xxh3_64(head[:_UNCHECKED])

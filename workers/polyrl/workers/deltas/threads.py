@@ -15,8 +15,20 @@ from typing import TypeVar
 
 import torch
 
+# Below this many bytes of tensors, one thread: a pool's start-up and the GIL cost more than the
+# second core saves. Measured encoding a 0.9 M-parameter bf16 model (1.8 MB, 39 tensors): 17 ms
+# on one thread, 34 ms on two.
+PARALLEL_MIN_BYTES = 16 << 20
+
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
+
+
+def for_size(nbytes: int, threads: int | None) -> int | None:
+    """The thread count for work over `nbytes` of tensors: 1 when small and not set."""
+    if threads is None and nbytes < PARALLEL_MIN_BYTES:
+        return 1
+    return threads
 
 
 def run(
