@@ -49,12 +49,10 @@ def save(
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".ckpt.", dir=directory.parent))
     try:
-        weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(_untie(weights), str(staging / WEIGHTS))
+        _save_weights(model, staging / WEIGHTS)
         torch.save(optimizer.state_dict(), staging / OPTIMIZER)
         if reference is not None:
-            anchor = {k: v.detach().contiguous().clone() for k, v in reference.state_dict().items()}
-            save_file(_untie(anchor), str(staging / REFERENCE))
+            _save_weights(reference, staging / REFERENCE)
         (staging / STATE).write_text(json.dumps(asdict(state)))
         config = getattr(model, "config", None)
         if config is not None:
@@ -68,6 +66,11 @@ def save(
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _save_weights(module: torch.nn.Module, path: Path) -> None:
+    weights = {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
+    save_file(_untie(weights), str(path))
 
 
 def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

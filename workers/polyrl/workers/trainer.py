@@ -101,8 +101,8 @@ class Trainer:
         saved = checkpoint.load_reference(self.checkpoint_dir) if self.rank == 0 else None
         if saved is not None:
             reference.load_state_dict(saved, strict=False)
-        for tensor in reference.state_dict().values():
-            if self.world > 1:
+        if self.world > 1:
+            for tensor in reference.state_dict().values():
                 dist.broadcast(tensor, src=0)
         torch.nn.Module.eval(reference)  # transformers' `eval` is untyped
         self.reference = reference.requires_grad_(False)
@@ -123,13 +123,11 @@ class Trainer:
         micro = self.policy.trainer.micro_batch_size
         for start in range(0, batch.input_ids.shape[0], micro):
             part = slice(start, start + micro)
-            logits = self.model(
-                input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
-            ).logits
-            new = batching.token_logprobs(
-                logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
-            )
-            reference = self._reference_logprobs(batch, part)
+            new = self._logprobs(self.model, batch, part)
+            reference = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    reference = self._logprobs(self.reference, batch, part)
             loss, stats = grpo.grpo_loss(
                 new,
                 batch.old_logprobs[part],
@@ -156,16 +154,14 @@ class Trainer:
         stats["staleness"] = sum(ages) / len(ages)
         return stats
 
-    def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
-        if self.reference is None:
-            return None
-        with torch.no_grad():
-            logits = self.reference(
-                input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
-            ).logits
-            return batching.token_logprobs(
-                logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
-            )
+    def _logprobs(self, model: Any, batch: batching.Batch, part: slice) -> torch.Tensor:
+        """`model`'s log-probs of the completion tokens of rows `part`, at sampling temperature."""
+        logits = model(
+            input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
+        ).logits
+        return batching.token_logprobs(
+            logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
+        )
 
     def _average_gradients(self) -> None:
         if self.world == 1:

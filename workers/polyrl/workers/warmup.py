@@ -51,7 +51,7 @@ def supervised_warmup(
     grad_clip: float = 1.0,
     target: float | None = None,
     dev: Sequence[base.Problem] = (),
-    check_every: int = 50,
+    check_every: int = 10,
     max_new_tokens: int = 8,
 ) -> dict[str, float]:
     """Train on prompt + answer + EOS of sampled problems; returns losses and time.
@@ -60,7 +60,9 @@ def supervised_warmup(
     the held-out split) is checked every `check_every` steps and the warm-up stops once it
     reaches the target: how many steps a model needs varies a lot from seed to seed (its
     accuracy climbs late and steeply), so a fixed step count gives RL a very different start
-    from one run to the next.
+    from one run to the next. The climb is steep enough that checking every 10 steps matters:
+    with 128 problems a step the tiny model went from 1 % to 50 % of the dev problems within
+    50 steps, so checks every 50 overshot a 20 % target by up to 50 points.
     """
     if target is not None and not dev:
         raise ValueError("a warm-up target needs dev problems to measure it on")
@@ -195,8 +197,8 @@ def verifier_balanced_accuracy(
     """Mean of the verifier's greedy hit rates on right and on wrong candidate answers.
 
     Each problem is shown once with its reference answer and once with a near miss (one digit
-    changed, the ones digit for arithmetic), so a verifier that always says "y" (or always "n") scores 0.5, however
-    often the solver is right; no verdict counts as wrong.
+    changed, the ones digit for arithmetic), so a verifier that always says "y" (or always "n")
+    scores 0.5, however often the solver is right; no verdict counts as wrong.
     """
     from polyrl.workers.tasks import verify
 

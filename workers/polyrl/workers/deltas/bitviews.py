@@ -95,16 +95,11 @@ def value_delta(old: UInt, new: UInt, floating: bool) -> UInt:
     return zigzag(new - old)
 
 
-def apply_value_delta(old: UInt, folded: UInt, floating: bool) -> UInt:
-    """Inverse of `value_delta`: the new bits from the old ones."""
-    return apply_step(old, unzigzag(folded), floating)
-
-
 def apply_step(old: UInt, step: UInt, floating: bool) -> UInt:
-    """The new bits from the old ones and the unzigzagged difference (wrapping) between them.
+    """Inverse of `value_delta`, given `step = unzigzag(folded)`: the new bits from the old ones.
 
-    Split from `apply_value_delta` so a decoder can unzigzag a whole tensor's deltas in one call
-    and keep the per-chunk work, done while the chunk is in cache, to the few operations here.
+    The unzigzag is the caller's, so a decoder does it for a whole tensor's deltas in one call
+    and keeps the per-chunk work, done while the chunk is in cache, to the few operations here.
     """
     base = ordered(old) if floating else old
     new = base + step

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 
-from polyrl.workers.tasks import base
+from polyrl.workers.tasks import base, verify
 
 NAME = "arithmetic"
 OPERATORS = "+-*/"
@@ -75,11 +75,8 @@ class Arithmetic(base.GeneratedTask):
         ones digits of the operands alone, so checking it is the first thing a verifier can
         learn; a near miss in the leading digit would need the carry.
         """
-        answer = problem.answer
-        sign = 1 if answer.startswith("-") else 0
-        at = sign if self.reverse else len(answer) - 1
-        digit = str((int(answer[at]) + rng.randint(1, 9)) % 10)
-        return answer[:at] + digit + answer[at + 1 :]
+        first = 1 if problem.answer.startswith("-") else 0
+        return verify.near_miss(problem, rng, at=first if self.reverse else -1)
 
 
 def written(value: int, *, reverse: bool) -> str:

@@ -36,19 +36,20 @@ def parse_verdict(completion: str) -> bool | None:
     return None
 
 
-def near_miss(problem: base.Problem, rng: random.Random) -> str:
-    """A wrong answer close to the right one: its last digit (or character) changed.
+def near_miss(problem: base.Problem, rng: random.Random, *, at: int = -1) -> str:
+    """A wrong answer close to the right one: its character at `at` (the last) changed.
 
-    The default; a task with a `near_miss(problem, rng)` method of its own (arithmetic, whose
-    answers may be written reversed) decides for itself which digit is the near one.
+    A digit becomes another digit. This is the default; a task with a `near_miss(problem, rng)`
+    method of its own (arithmetic, whose answers may be written reversed) picks the position.
     """
     answer = problem.answer
-    last = answer[-1]
-    if last.isdigit():
-        replacement = str((int(last) + rng.randint(1, 9)) % 10)
+    at %= len(answer)
+    old = answer[at]
+    if old.isdigit():
+        replacement = str((int(old) + rng.randint(1, 9)) % 10)
     else:
-        replacement = "0" if last != "0" else "1"
-    return answer[:-1] + replacement
+        replacement = "0" if old != "0" else "1"
+    return answer[:at] + replacement + answer[at + 1 :]
 
 
 class VerificationTask:
