@@ -144,6 +144,11 @@ async def test_requests_are_answered_with_completions_logprobs_and_the_weight_ve
             assert 1 <= len(completion.tokens) <= 6
             assert len(completion.logprobs) == len(completion.tokens)
             assert all(lp <= 0.0 for lp in completion.logprobs)
+    # The worker counts a request once it is acked, which is after the reply we just read.
+    for _ in range(100):
+        if worker.served >= 3:
+            break
+        await asyncio.sleep(0.05)
     assert worker.served == 3
 
 
