@@ -81,6 +81,7 @@ def test_an_object_can_be_created_patched_and_watched(
 ) -> None:
     kubectl.apply(widget("w1", namespace))
     seen: list[tuple[str, str]] = []
+    watching = threading.Event()
     custom = client.CustomObjectsApi(kube_api)
 
     def follow() -> None:
@@ -94,12 +95,15 @@ def test_an_object_can_be_created_patched_and_watched(
         )
         for event in stream:
             seen.append((event["type"], event["object"]["spec"]["colour"]))
+            watching.set()
             if event["object"]["spec"]["colour"] == "blue":
                 return
 
     watcher = threading.Thread(target=follow)
     watcher.start()
-    time.sleep(0.5)
+    # A watch without a resourceVersion starts with an ADDED event per existing object; one
+    # that opened only after the patch would see ("ADDED", "blue") and never a MODIFIED.
+    assert watching.wait(timeout=20), "the watch delivered no initial event"
     kubectl(
         "patch", "widget", "w1", "-n", namespace, "--type=merge", "-p", '{"spec":{"colour":"blue"}}'
     )
@@ -208,13 +212,17 @@ def test_deleting_a_running_pod_sends_sigterm_and_completes_the_deletion(
     kubectl: Kubectl, exec_namespace: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "terminated"
-    script = f"trap 'echo bye > {marker}; exit 0' TERM; while true; do sleep 0.1; done"
+    ready = tmp_path / "trap-installed"
+    script = (
+        f"trap 'echo bye > {marker}; exit 0' TERM; touch {ready}; while true; do sleep 0.1; done"
+    )
     kubectl.apply(json.dumps(pod("graceful", ["sh", "-c", script])), "-n", exec_namespace)
     wait_for(
         "pod graceful Running",
         lambda: get_pod(kubectl, exec_namespace, "graceful")["status"].get("phase") == "Running",
     )
-    time.sleep(0.5)  # let the shell install its trap
+    # The agent reports Running right after it spawns the shell, not once the trap is set.
+    wait_for("the shell to install its trap", ready.exists)
     kubectl("delete", "pod", "graceful", "-n", exec_namespace, "--timeout=30s")
     assert marker.read_text() == "bye\n"
     gone = kubectl("get", "pod", "graceful", "-n", exec_namespace, check=False)

@@ -162,6 +162,12 @@ async def run_load(
     await asyncio.sleep(1.0)  # every pod now holds a request
     await asyncio.to_thread(kubectl, "scale", "pg", "drain-solver", "-n", ns, "--replicas=1")
     await asyncio.wait_for(done.wait(), timeout=90)
+    # The Drained messages follow the operator's drain requests, not the replies: a slow
+    # operator can ask after the last reply. Wait for both scaled-down pods (bounded).
+    for _ in range(300):
+        if len(load.drained) >= 2:
+            break
+        await asyncio.sleep(0.1)
     await asyncio.sleep(1.0)  # a duplicate would arrive now
     await nc.close()
     return load

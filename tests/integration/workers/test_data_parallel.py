@@ -159,6 +159,12 @@ async def test_a_torchrun_trainer_with_two_ranks_trains_and_its_rollouts_follow(
             if proc.popen is not None and proc.popen.poll() is not None:
                 break
             await asyncio.sleep(0.5)
+        # The rollout worker applies new weights between batches, on its own schedule: the
+        # trainer can publish version 1 and exit before that. Let it catch up while it runs.
+        for _ in range(300):
+            if rollout.engine.version >= 1 or proc.popen is None or proc.popen.returncode:
+                break
+            await asyncio.sleep(0.1)
         for rt in workers:
             rt.stopping.set()
         await asyncio.gather(*running, return_exceptions=True)

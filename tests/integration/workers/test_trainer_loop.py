@@ -101,6 +101,12 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
     episodes = asyncio.create_task(main.build_workflow(runner_rt).run())
     try:
         first = await asyncio.wait_for(training, timeout=300)
+        # The rollout worker applies new weights between batches, on its own schedule: the
+        # trainer can publish version 1 and finish before that. Let it catch up while it runs.
+        for _ in range(300):
+            if rollout.engine.version >= 1:
+                break
+            await asyncio.sleep(0.1)
     finally:
         for rt in (rollout_rt, runner_rt):
             rt.stopping.set()

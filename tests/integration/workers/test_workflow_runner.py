@@ -109,6 +109,13 @@ async def test_episodes_become_rewarded_trajectories_for_each_policy(
         if workflow == "solver-verifier":
             verifier = await collect(nc, names, "verifier", 4)
             assert all(t.group_id.split("/", 1)[1].startswith("verdict-") for t in verifier)
+        # An episode counts only once its workflow returns: after its last emit and, for
+        # solver-verifier, after its verifier answers, which rollout workers that were already
+        # told to stop may never send. Wait for the count while everything still runs.
+        for _ in range(600):
+            if runner.episodes >= 2:
+                break
+            await asyncio.sleep(0.1)
     finally:
         for r in runtimes:
             r.stopping.set()

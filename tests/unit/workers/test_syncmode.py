@@ -55,7 +55,9 @@ async def test_the_next_round_starts_once_every_policy_announced_new_weights() -
     await asyncio.wait_for(waiter, timeout=1.0)
     assert (gate.min_version("solver"), gate.min_version("verifier")) == (1, 3)
     assert gate.rounds == 2
-    assert gate.waited >= 0.2
+    # The gate starts its clock a loop turn after the test starts its first 0.1 s sleep, and
+    # it may see the last announcement in the same turn the test makes it: no margin at 0.2.
+    assert gate.waited >= 0.15
 
 
 async def test_a_round_that_falls_short_is_run_again_at_the_same_versions() -> None:
