@@ -413,3 +413,40 @@ def test_a_small_model_is_coded_on_one_thread_unless_told_otherwise() -> None:
     assert threads.for_size(threads.PARALLEL_MIN_BYTES - 1, None) == 1
     assert threads.for_size(threads.PARALLEL_MIN_BYTES, None) is None  # torch's thread count
     assert threads.for_size(1024, 4) == 4
+
+
+@PROPERTY
+@given(state_pairs())
+def test_small_tensors_coded_together_give_the_bytes_of_coding_them_one_by_one(states):
+    old, new = states
+    together = encode.encode_delta(old, new, base_version=1, new_version=2)
+    saved = encode.BATCH_MAX_NUMEL
+    encode.BATCH_MAX_NUMEL = 0  # every tensor on its own
+    try:
+        alone = encode.encode_delta(old, new, base_version=1, new_version=2)
+    finally:
+        encode.BATCH_MAX_NUMEL = saved
+    assert together == alone
+
+
+def test_a_batch_mixing_dtypes_odd_counts_and_unchanged_tensors_round_trips():
+    rng = np.random.default_rng(3)
+    old = {
+        "a": torch.randn(7, dtype=torch.float32).to(torch.bfloat16),
+        "b": torch.randn(5, 3, dtype=torch.float16),
+        "c": torch.randn(11, dtype=torch.float32),
+        "d": torch.arange(9, dtype=torch.int16),
+        "e": torch.zeros(4, dtype=torch.bfloat16),
+    }
+    new = clone(old)
+    for name in ("a", "b", "c", "d"):  # an odd number of changes in each, "e" unchanged
+        flat = bits_of(new[name])
+        for i in rng.choice(flat.numel(), size=3, replace=False):
+            flat[int(i)] += 1
+    blob = encode.encode_delta(old, new, base_version=0, new_version=1)
+    kinds = {t.name: t.kind for t in format.read_header(blob).tensors}
+    assert kinds["e"] is Kind.SAME
+    assert kinds["a"] is Kind.SPARSE
+    target = clone(old)
+    decode.apply_delta(target, blob, have_version=0)
+    assert same_bits(target, new)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import statistics
 import sys
 import time
@@ -61,11 +62,19 @@ def run(*, quick: bool) -> dict[str, Any]:
         _progress(f"training deltas at lr {lr}")
         figures.update(_with_suffix(training_figures(lr, steps), suffix))
     _progress("encoding beside a training step")
-    overhead = measure.encode_overhead(steps=steps)
+    # As the trainer runs: with its torch thread count (POLYRL_TORCH_THREADS, default 1, so
+    # that the encode thread and the rollout workers of a local run have cores of their own);
+    # and, for comparison, with torch's default pool of every core.
+    trainer_threads = int(os.environ.get("POLYRL_TORCH_THREADS", "1"))
+    overhead = measure.encode_overhead(steps=2 * steps, train_threads=trainer_threads)
+    crowded = measure.encode_overhead(steps=2 * steps)
     figures |= {
         "train_step_s": overhead["step_s"],
+        "train_step_threads": int(overhead["train_threads"]),
         "train_step_encode_s": overhead["encode_s"],
         "encode_share_of_step": overhead["overhead"],
+        "encode_share_of_step_all_threads": crowded["overhead"],
+        "train_step_all_threads_s": crowded["step_s"],
     }
     _progress(f"encode and apply, {mib} MiB synthetic model")
     figures.update(speed_figures(mib, repeats))

@@ -45,10 +45,16 @@ def encode_delta(
     """The delta that turns `old` (published as `base_version`) into `new`."""
     _check_layout(old, new)
     workers = threads.for_size(_nbytes(new), workers)
-    encoded = threads.run(
-        lambda name: _encode_tensor(name, old[name], new[name], level), list(new), workers
+    names = list(new)
+    small = [n for n in names if 0 < new[n].numel() <= BATCH_MAX_NUMEL]
+    large = [n for n in names if not 0 < new[n].numel() <= BATCH_MAX_NUMEL]
+    done = threads.run(
+        lambda name: _encode_tensor(name, old[name], new[name], level), large, workers
     )
-    return _pack(base_version, new_version, encoded, level, workers)
+    encoded = dict(zip(large, done, strict=True))
+    for group in _batches(small, new):
+        encoded.update(_encode_batch(group, old, new, level))
+    return _pack(base_version, new_version, [encoded[name] for name in names], level, workers)
 
 
 def encode_keyframe(
@@ -68,14 +74,66 @@ def encode_keyframe(
     return _pack(None, version, threads.run(whole, list(state), workers), level, workers)
 
 
+# Tensors of at most this many elements are coded in batches (`_encode_batch`): they fit in
+# cache together, and per-tensor calls would cost more than their data.
+BATCH_MAX_NUMEL = 1 << 16
+
+
 def _encode_tensor(name: str, old: torch.Tensor, new: torch.Tensor, level: int) -> _Encoded:
     old_bits, new_bits = bitviews.bits(old), bitviews.bits(new)
     changed = diff.scan(old_bits, new_bits)
-    checksum = changed.checksum
     if len(changed.positions) == 0:
-        return _Encoded(_entry(name, new, Kind.SAME, 0, checksum))
+        return _Encoded(_entry(name, new, Kind.SAME, 0, changed.checksum))
     part = sections.sparse_part(changed, new.is_floating_point())
-    sparse = _Encoded(_entry(name, new, Kind.SPARSE, len(changed.positions), checksum), part=part)
+    return _choose(name, new, new_bits, len(changed.positions), changed.checksum, part, level)
+
+
+def _batches(names: list[str], state: StateDict) -> list[list[str]]:
+    """`names` grouped by what their bits are coded as: element size, and float or not."""
+    groups: dict[tuple[int, bool], list[str]] = {}
+    for name in names:
+        tensor = state[name]
+        groups.setdefault((tensor.element_size(), tensor.is_floating_point()), []).append(name)
+    return list(groups.values())
+
+
+def _encode_batch(
+    names: list[str], old: StateDict, new: StateDict, level: int
+) -> dict[str, _Encoded]:
+    """`_encode_tensor` for many small tensors of one kind at once, with the same result.
+
+    A small model is many small tensors (a 0.9 M-parameter Llama: 39), and coding them one by
+    one is a few dozen numpy calls each: Python time, which holds the GIL and so stalls the
+    training step that the encode runs beside. Diffed and split into stream parts together,
+    that model (lr 1e-5, 17 % changed) encodes in 7.8 ms instead of 10.7 (median), and the
+    time spent in Python fell from 23 to 10 ms a call under cProfile; what is left is mostly
+    numpy loops that release the GIL. Beside a one-thread training step of 65-85 ms, the
+    step's slowdown fell from 8-16 % to 4-6 %.
+    """
+    olds = [bitviews.bits(old[name]) for name in names]
+    news = [bitviews.bits(new[name]) for name in names]
+    parts = sections.sparse_parts(olds, news, new[names[0]].is_floating_point())
+    out = {}
+    for name, new_bits, part in zip(names, news, parts, strict=True):
+        checksum, count = bitviews.checksum(new_bits), len(part.gap_symbols)
+        if count == 0:
+            out[name] = _Encoded(_entry(name, new[name], Kind.SAME, 0, checksum))
+        else:
+            out[name] = _choose(name, new[name], new_bits, count, checksum, part, level)
+    return out
+
+
+def _choose(
+    name: str,
+    new: torch.Tensor,
+    new_bits: bitviews.UInt,
+    count: int,
+    checksum: int,
+    part: sections.SparsePart,
+    level: int,
+) -> _Encoded:
+    """The sparse part, or the whole tensor where that is smaller (see the module doc)."""
+    sparse = _Encoded(_entry(name, new, Kind.SPARSE, count, checksum), part=part)
     if 2 * part.raw_size() < new.nbytes:
         return sparse
     alone = sum(len(sections.compress(raw, level)) for raw in sections.join_streams([part]))

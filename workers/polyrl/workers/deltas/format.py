@@ -161,11 +161,21 @@ def _split_payload(lengths: list[int], payload: memoryview) -> list[memoryview]:
 
 
 def _header_to_json(header: Header) -> dict[str, Any]:
-    tensors = []
-    for t in header.tensors:
-        fields = dataclasses.asdict(t)
-        fields.update(shape=list(t.shape), kind=str(t.kind), xxh3=f"{t.xxh3:016x}")
-        tensors.append(fields)
+    # Field by field rather than `dataclasses.asdict`, which deep-copies every value: on a
+    # 39-tensor model that was a fifth of the encode's Python time.
+    tensors = [
+        {
+            "name": t.name,
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "kind": str(t.kind),
+            "count": t.count,
+            "length": t.length,
+            "raw_length": t.raw_length,
+            "xxh3": f"{t.xxh3:016x}",
+        }
+        for t in header.tensors
+    ]
     return {
         "base_version": header.base_version,
         "new_version": header.new_version,

@@ -200,7 +200,12 @@ def _numel(state: State) -> int:
 
 
 def encode_overhead(
-    steps: int = 10, hidden: int = 128, layers: int = 4, vocab: int = 512, seed: int = 0
+    steps: int = 10,
+    hidden: int = 128,
+    layers: int = 4,
+    vocab: int = 512,
+    seed: int = 0,
+    train_threads: int | None = None,
 ) -> dict[str, float]:
     """What encoding a version's delta adds to a training step when it runs beside it.
 
@@ -208,9 +213,20 @@ def encode_overhead(
     critical path); on a machine with few cores the two still share the CPU. This times
     training steps of the tiny model alone and with the previous step's delta being encoded
     on a thread at the same time, interleaved, and reports the medians and their ratio.
+    `train_threads` is torch's intra-op thread count for the steps (default: unchanged). It
+    matters more than the codec: with every core in torch's pool, its threads wait for each
+    other whenever the encode thread takes one core (measured on 2 cores: +21-23 % against
+    +4-6 % with one training thread; a busy loop on the second core alone: +350 % against +3 %).
     """
     import threading
 
+    if train_threads is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(train_threads)
+        try:
+            return encode_overhead(steps, hidden, layers, vocab, seed)
+        finally:
+            torch.set_num_threads(before)
     torch.manual_seed(seed)
     model = _training_model(hidden, layers, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
@@ -247,4 +263,5 @@ def encode_overhead(
         "step_with_encode_s": step_beside,
         "encode_s": statistics.median(encode_times),
         "overhead": step_beside / step_alone - 1,
+        "train_threads": float(torch.get_num_threads()),
     }

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -71,6 +72,53 @@ def sparse_part(changes: Changes, floating: bool) -> SparsePart:
     folded = value_delta(changes.old, changes.new, floating).astype(np.uint64)
     value_symbols, value_escapes = packing.to_symbols(folded, VALUE_BITS)
     return SparsePart(gap_symbols, value_symbols, gap_escapes, value_escapes)
+
+
+def sparse_parts(olds: Sequence[UInt], news: Sequence[UInt], floating: bool) -> list[SparsePart]:
+    """`sparse_part` of every (old, new) pair at once, for many small tensors of one dtype kind.
+
+    The same bytes as one `sparse_part` per tensor, from a dozen numpy calls in all: the pairs
+    are diffed as one array, gaps restart at -1 at each tensor's first change, and every
+    tensor's value symbols start on a byte of their own (a pad nibble after an odd count).
+    """
+    sizes = np.array([len(new) for new in news], dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    old, new = np.concatenate(olds), np.concatenate(news)
+    positions = np.flatnonzero(old != new)
+    firsts = np.searchsorted(positions, starts)  # where each tensor's changes begin
+    counts = np.diff(firsts, append=len(positions))
+    owner = np.repeat(np.arange(len(news)), counts)
+    local = positions - starts[owner]
+    previous = np.empty_like(local)
+    previous[1:] = local[:-1]
+    previous[firsts[counts > 0]] = -1
+    gap_symbols, gap_escapes = packing.to_symbols(
+        (local - previous - 1).astype(np.uint64), GAP_BITS
+    )
+    folded = value_delta(old[positions], new[positions], floating).astype(np.uint64)
+    symbols = np.minimum(folded, _VALUE_ESCAPE).astype(np.uint8)
+    value_escapes = folded[symbols == _VALUE_ESCAPE] - np.uint64(_VALUE_ESCAPE)
+    pads_before = np.cumsum(counts % 2) - counts % 2
+    value_lengths = -(-counts // 2)
+    padded = np.zeros(2 * int(value_lengths.sum()), dtype=np.uint8)
+    padded[np.arange(len(symbols)) + pads_before[owner]] = symbols
+    packed = padded[0::2] | (padded[1::2] << np.uint8(4))
+
+    def per_tensor(values: npt.NDArray[Any], lengths: npt.NDArray[np.int64]) -> list[Any]:
+        return np.split(values, np.cumsum(lengths)[:-1])
+
+    escaped_gaps = np.bincount(owner[gap_symbols == _GAP_ESCAPE], minlength=len(news))
+    escaped_values = np.bincount(owner[symbols == _VALUE_ESCAPE], minlength=len(news))
+    return [
+        SparsePart(*fields)
+        for fields in zip(
+            per_tensor(gap_symbols, counts),
+            per_tensor(packed, value_lengths),
+            per_tensor(gap_escapes, escaped_gaps),
+            per_tensor(value_escapes, escaped_values),
+            strict=True,
+        )
+    ]
 
 
 def join_streams(parts: Sequence[SparsePart]) -> list[bytes]:
