@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -52,6 +53,12 @@ def parse() -> argparse.Namespace:
     cli.add_argument("--temperature", type=float, default=0.6)
     cli.add_argument("--steps", type=int, default=150)
     cli.add_argument("--seed", type=int, default=0, help="warm-up data order and RL sampling")
+    cli.add_argument(
+        "--init",
+        type=Path,
+        help="start RL from these weights instead of a warm-up (e.g. a pipeline run's "
+        "trainers/.../checkpoint/reference.safetensors, its warm-started policy)",
+    )
     return cli.parse_args()
 
 
@@ -64,11 +71,15 @@ def main() -> None:
     source = ModelSource(path=f"tiny-llama://{args.model}", dtype="float32")
     model, tok = models.make_model(source, cache_dir=args.cache)
     dev_rng = random.Random(99)
-    warmed = warmup.supervised_warmup(
-        model, tok, task, steps=args.warmup_steps, batch_size=args.warmup_batch, lr=3e-3,
-        seed=args.seed, target=args.target, dev=[task.sample(dev_rng) for _ in range(200)],
-        max_new_tokens=4, check_every=args.check_every,
-    )  # fmt: skip
+    if args.init is not None:
+        model.load_state_dict(safetensors.torch.load_file(args.init))
+        warmed = {"steps": 0.0, "dev_accuracy": float("nan")}
+    else:
+        warmed = warmup.supervised_warmup(
+            model, tok, task, steps=args.warmup_steps, batch_size=args.warmup_batch, lr=3e-3,
+            seed=args.seed, target=args.target, dev=[task.sample(dev_rng) for _ in range(200)],
+            max_new_tokens=4, check_every=args.check_every,
+        )  # fmt: skip
     held = task.held_out()[:500]
 
     def report(**figures: float) -> None:
