@@ -66,14 +66,17 @@ def run(*, quick: bool) -> dict[str, Any]:
     # that the encode thread and the rollout workers of a local run have cores of their own);
     # and, for comparison, with torch's default pool of every core.
     trainer_threads = int(os.environ.get("POLYRL_TORCH_THREADS", "1"))
-    overhead = measure.encode_overhead(steps=2 * steps, train_threads=trainer_threads)
-    crowded = measure.encode_overhead(steps=2 * steps)
+    lr = LEARNING_RATES[""]
+    overhead = measure.encode_overhead(steps=3 * steps, train_threads=trainer_threads, lr=lr)
+    crowded = measure.encode_overhead(steps=3 * steps, lr=lr)
+    dense = measure.encode_overhead(steps=3 * steps, train_threads=trainer_threads, lr=1e-5)
     figures |= {
         "train_step_s": overhead["step_s"],
         "train_step_threads": int(overhead["train_threads"]),
         "train_step_encode_s": overhead["encode_s"],
         "encode_share_of_step": overhead["overhead"],
         "encode_share_of_step_all_threads": crowded["overhead"],
+        "encode_share_of_step_lr1e5": dense["overhead"],
         "train_step_all_threads_s": crowded["step_s"],
     }
     _progress(f"encode and apply, {mib} MiB synthetic model")
