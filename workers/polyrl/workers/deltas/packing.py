@@ -45,14 +45,23 @@ def symbols_length(count: int, bits: int) -> int:
 
 def to_symbols(values: Ints, bits: int) -> tuple[Bytes, Ints]:
     """Capped symbols (packed 8 // bits to a byte) and the escaped remainders."""
+    symbols, escapes = capped(values, bits)
+    return (pack_nibbles(symbols) if bits == 4 else symbols), escapes
+
+
+def capped(values: Ints, bits: int) -> tuple[Bytes, Ints]:
+    """Each value capped at 2**bits - 1, one per byte, and how far each capped one was over."""
     cap = (1 << bits) - 1
     symbols = np.minimum(values, cap).astype(np.uint8)
-    escapes = values[symbols == cap] - values.dtype.type(cap)
-    if bits == 4:
-        padded = np.zeros(symbols_length(len(symbols), 4) * 2, dtype=np.uint8)
-        padded[: len(symbols)] = symbols
-        symbols = padded[0::2] | (padded[1::2] << np.uint8(4))
-    return symbols, escapes
+    return symbols, values[symbols == cap] - values.dtype.type(cap)
+
+
+def pack_nibbles(symbols: Bytes) -> Bytes:
+    """4-bit symbols two to a byte, low nibble first; an odd count leaves the last high one 0."""
+    padded = np.zeros(symbols_length(len(symbols), 4) * 2, dtype=np.uint8)
+    padded[: len(symbols)] = symbols
+    packed: Bytes = padded[0::2] | (padded[1::2] << np.uint8(4))
+    return packed
 
 
 def from_symbols(packed: Bytes, count: int, bits: int) -> Bytes:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -92,33 +91,26 @@ def sparse_parts(olds: Sequence[UInt], news: Sequence[UInt], floating: bool) -> 
     previous = np.empty_like(local)
     previous[1:] = local[:-1]
     previous[firsts[counts > 0]] = -1
-    gap_symbols, gap_escapes = packing.to_symbols(
-        (local - previous - 1).astype(np.uint64), GAP_BITS
-    )
+    gaps = (local - previous - 1).astype(np.uint64)
+    gap_symbols, gap_escapes = packing.to_symbols(gaps, GAP_BITS)
     folded = value_delta(old[positions], new[positions], floating).astype(np.uint64)
-    symbols = np.minimum(folded, _VALUE_ESCAPE).astype(np.uint8)
-    value_escapes = folded[symbols == _VALUE_ESCAPE] - np.uint64(_VALUE_ESCAPE)
-    pads_before = np.cumsum(counts % 2) - counts % 2
-    value_lengths = -(-counts // 2)
-    padded = np.zeros(2 * int(value_lengths.sum()), dtype=np.uint8)
-    padded[np.arange(len(symbols)) + pads_before[owner]] = symbols
-    packed = padded[0::2] | (padded[1::2] << np.uint8(4))
-
-    def per_tensor(values: npt.NDArray[Any], lengths: npt.NDArray[np.int64]) -> list[Any]:
-        return np.split(values, np.cumsum(lengths)[:-1])
-
+    symbols, value_escapes = packing.capped(folded, VALUE_BITS)
+    # Each tensor's symbols from an even index, so each packs into bytes of its own.
+    lengths = -(-counts // 2)
+    aligned = np.zeros(2 * int(lengths.sum()), dtype=np.uint8)
+    aligned[np.arange(len(symbols)) + (np.cumsum(counts % 2) - counts % 2)[owner]] = symbols
     escaped_gaps = np.bincount(owner[gap_symbols == _GAP_ESCAPE], minlength=len(news))
     escaped_values = np.bincount(owner[symbols == _VALUE_ESCAPE], minlength=len(news))
-    return [
-        SparsePart(*fields)
-        for fields in zip(
-            per_tensor(gap_symbols, counts),
-            per_tensor(packed, value_lengths),
-            per_tensor(gap_escapes, escaped_gaps),
-            per_tensor(value_escapes, escaped_values),
-            strict=True,
+    split = [
+        np.split(values, np.cumsum(per_tensor)[:-1])
+        for values, per_tensor in (
+            (gap_symbols, counts),
+            (packing.pack_nibbles(aligned), lengths),
+            (gap_escapes, escaped_gaps),
+            (value_escapes, escaped_values),
         )
     ]
+    return [SparsePart(*fields) for fields in zip(*split, strict=True)]
 
 
 def join_streams(parts: Sequence[SparsePart]) -> list[bytes]:
