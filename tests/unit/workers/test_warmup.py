@@ -118,3 +118,19 @@ def test_a_warm_up_target_without_dev_problems_is_refused() -> None:
         warmup.supervised_warmup(
             model, tokenizer, task, steps=1, batch_size=1, lr=1e-3, seed=0, target=0.5
         )
+
+
+def test_weight_decay_shrinks_every_weight_by_lr_times_decay_on_top_of_the_update() -> None:
+    task = arithmetic.Arithmetic(digits=1, ops="+", held_out=10, seed=0)
+    trained = {}
+    for decay in (0.0, 0.5):
+        model, tokenizer = tiny.create_tiny_llama("warmup-decay")
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        warmup.supervised_warmup(
+            model, tokenizer, task, steps=1, batch_size=4, lr=1e-2, seed=0, weight_decay=decay
+        )
+        trained[decay] = model.state_dict()
+    for name, before in start.items():
+        # AdamW's decoupled decay: p <- p - lr * decay * p, then the same Adam step.
+        shrink = trained[0.0][name] - trained[0.5][name]
+        torch.testing.assert_close(shrink, 1e-2 * 0.5 * before, rtol=1e-3, atol=1e-6)

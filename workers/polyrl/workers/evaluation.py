@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from polyrl.workers.trainer import Trainer
 
 WARMUP_LR = 3e-3  # measured on the tiny model: 150 steps take 1-digit addition from 0 to ~0.9
+# Decoupled weight decay (AdamW) shortens the plateau before a tiny model's accuracy takes off,
+# as it does for grokking. Measured on `quickstart-solver`, 2-digit addition, batch 32, to the
+# quick start's 40 % target: 1,650 / 1,130 steps at 0.1 against 2,420 / 1,830 without (two data
+# orders); reversed answers, batch 128, to 20 %: 670 steps, where without it 1,500 were not enough.
+WARMUP_WEIGHT_DECAY = 0.1
 EVAL_PROBLEMS = 1000
 VERIFIER_EVAL_PROBLEMS = 500  # each shown right and wrong: 1,000 verdicts
 WARMUP_DEV_PROBLEMS = 200  # from the training distribution: the held-out split stays unseen
@@ -40,6 +45,7 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
         steps=steps,
         batch_size=trainer.policy.trainer.warmup_batch_size,
         lr=WARMUP_LR,
+        weight_decay=WARMUP_WEIGHT_DECAY,
         seed=spec.workflow.task.seed,
         target=trainer.policy.trainer.warmup_target_accuracy,
         dev=[task.sample(dev_rng) for _ in range(WARMUP_DEV_PROBLEMS)],

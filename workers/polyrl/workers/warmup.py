@@ -49,6 +49,7 @@ def supervised_warmup(
     lr: float,
     seed: int,
     grad_clip: float = 1.0,
+    weight_decay: float = 0.0,
     target: float | None = None,
     dev: Sequence[base.Problem] = (),
     check_every: int = 10,
@@ -67,7 +68,7 @@ def supervised_warmup(
     if target is not None and not dev:
         raise ValueError("a warm-up target needs dev problems to measure it on")
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     was_training = model.training
     model.train()
     losses: list[float] = []
