@@ -9,13 +9,16 @@ held-out problems every 200 steps:
 
 * `plain`: the shipped target, the verdict alone;
 * `worked`: the ones digit the verifier computes, then the verdict ("12+39=15?" -> "1y"), so the
-  verdict becomes a comparison of two tokens the model can see.
+  verdict becomes a comparison of two tokens the model can see;
+* `worked-full`: the whole answer the verifier computes, then the verdict ("15y"): the form
+  any task could use (the task's own reference answer as the working).
 
     .venv/bin/python scripts/verifier_format.py --format worked            # 0.50 -> 0.80 at 2,400 steps
     .venv/bin/python scripts/verifier_format.py --format plain --answer-steps 3000
 
 `--answer-steps` first warms the model up on the task's answers (to 90 % dev accuracy or that
-many steps), to rule out "it cannot add" as the reason.
+many steps), to rule out "it cannot add" as the reason. Answers are reversed (least significant
+digit first, the `arithmetic` task's `reverse`) unless `--usual`.
 """
 
 from __future__ import annotations
@@ -37,46 +40,50 @@ from polyrl.workers.tasks import arithmetic, base, verify  # noqa: E402
 
 
 class WorkedVerdicts:
-    """Verification problems whose target is the computed ones digit, then the verdict."""
+    """Verification problems whose target is the verifier's working, then the verdict."""
 
     name = "worked-verdicts"
 
-    def __init__(self, task: arithmetic.Arithmetic) -> None:
-        self.task, self.judge = task, verify.VerificationTask(task)
+    def __init__(self, task: arithmetic.Arithmetic, full: bool) -> None:
+        self.task, self.judge, self.full = task, verify.VerificationTask(task), full
+
+    def working(self, problem: base.Problem) -> str:
+        """The whole answer, or its ones digit (written first when reversed, else last)."""
+        ones = problem.answer[0] if self.task.reverse else problem.answer[-1]
+        return problem.answer if self.full else ones
 
     def sample(self, rng: random.Random) -> base.Problem:
         problem = self.task.sample(rng)
         judged = self.judge.judged(problem, rng.random() < 0.5, rng)
-        return base.Problem(judged.prompt, ones_digit(problem) + judged.answer, judged.id)
+        return base.Problem(judged.prompt, self.working(problem) + judged.answer, judged.id)
 
     def reward(self, problem: base.Problem, completion: str) -> float:
-        return 1.0 if base.answer_text(completion)[:2] == problem.answer else 0.0
-
-
-def ones_digit(problem: base.Problem) -> str:
-    """The answer's ones digit: its first character when reversed (this script's setting)."""
-    return problem.answer[0]
+        return 1.0 if base.answer_text(completion) == problem.answer else 0.0
 
 
 def balanced_accuracy(
     model: torch.nn.Module, tok: object, cases: list[base.Problem], worked: bool
 ) -> float:
-    """Mean of the hit rates on right and on near-miss candidates (as `warmup` scores it)."""
-    outs = warmup.greedy_completions(model, tok, [c.prompt for c in cases], max_new_tokens=3)  # type: ignore[arg-type]
+    """Mean of the hit rates on right and on near-miss candidates (as `warmup` scores it).
+
+    A worked verdict is its completion's last character, whatever working comes before it.
+    """
+    outs = warmup.greedy_completions(model, tok, [c.prompt for c in cases], max_new_tokens=5)  # type: ignore[arg-type]
     hits: dict[bool, list[bool]] = {True: [], False: []}
     for case, out in zip(cases, outs, strict=True):
         right = case.answer == verify.YES
-        text = out.strip()[1:] if worked else out
+        text = out.strip()[-1:] if worked else out
         hits[right].append(verify.parse_verdict(text) == right)
     return sum(sum(h) / len(h) for h in hits.values()) / 2
 
 
 def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    cli.add_argument("--format", choices=["plain", "worked"], default="worked")
+    cli.add_argument("--format", choices=["plain", "worked", "worked-full"], default="worked")
     cli.add_argument("--answer-steps", type=int, default=0, help="warm-up on answers first")
     cli.add_argument("--steps", type=int, default=3000, help="steps on verdicts, batch 128")
     cli.add_argument("--lr", type=float, default=3e-3)
+    cli.add_argument("--usual", action="store_true", help="answers most significant digit first")
     cli.add_argument("--model", default="exp-verifier", help="tiny-llama:// name (its init)")
     cli.add_argument("--cache", type=Path, default=Path("/tmp/polyrl-verifier-format"))
     args = cli.parse_args()
@@ -84,7 +91,7 @@ def main() -> None:
     torch.manual_seed(0)
     source = ModelSource(path=f"tiny-llama://{args.model}", dtype="float32")
     model, tok = models.make_model(source, cache_dir=args.cache)
-    task = arithmetic.Arithmetic(digits=2, ops="+", held_out=1000, seed=0, reverse=True)
+    task = arithmetic.Arithmetic(digits=2, ops="+", held_out=1000, seed=0, reverse=not args.usual)
     started = time.perf_counter()
     if args.answer_steps:
         dev_rng = random.Random(5)
@@ -97,12 +104,13 @@ def main() -> None:
     judge = verify.VerificationTask(task)
     rng = random.Random(0)
     cases = [judge.judged(p, right, rng) for p in task.held_out()[:300] for right in (True, False)]
-    training = WorkedVerdicts(task) if args.format == "worked" else judge
+    worked = args.format != "plain"
+    training = WorkedVerdicts(task, full=args.format == "worked-full") if worked else judge
     for chunk in range(args.steps // 200):
         result = warmup.supervised_warmup(
             model, tok, training, steps=200, batch_size=128, lr=args.lr, seed=chunk + 10
         )  # type: ignore[arg-type]
-        score = balanced_accuracy(model, tok, cases, args.format == "worked")
+        score = balanced_accuracy(model, tok, cases, worked)
         print(
             f"{args.format} {(chunk + 1) * 200} steps: loss {result['final_loss']:.3f}, "
             f"balanced accuracy {score:.3f} ({time.perf_counter() - started:.0f} s)",
