@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from polyrl.workers import bundle, tasks
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.engines import make_engine
 from polyrl.workers.rollout import RolloutWorker
-from polyrl.workers.runtime import ConfigError, Runtime, load_config
+from polyrl.workers.runtime import ConfigError, Runtime, load_config, torch_threads
 from polyrl.workers.weights import EngineWeights
 from polyrl.workers.workflow_runner import WorkflowRunner
 from polyrl.workers.workflows import load_workflow
@@ -78,7 +77,7 @@ async def serve(role: str) -> None:
         raise ConfigError(
             f"this worker was started as {role!r} but its config says {config.role!r}"
         )
-    torch.set_num_threads(int(os.environ.get("POLYRL_TORCH_THREADS", "1")))
+    torch.set_num_threads(torch_threads())
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
     beat = asyncio.create_task(rt.heartbeat_forever())

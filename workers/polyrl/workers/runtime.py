@@ -36,6 +36,19 @@ HEARTBEAT_SECONDS = 2.0
 MAX_DEAD_LETTER_BYTES = 64 * 1024
 
 
+TORCH_THREADS_ENV = "POLYRL_TORCH_THREADS"
+
+
+def torch_threads() -> int:
+    """torch's intra-op thread count for this worker: $POLYRL_TORCH_THREADS, default 1.
+
+    One by default because a local run puts several workers on few cores, and because the
+    trainer encodes each weight delta on a thread beside its next step: with every core in
+    torch's pool, that thread stalls the whole step (docs/benchmarks.md, delta encoding).
+    """
+    return int(os.environ.get(TORCH_THREADS_ENV, "1"))
+
+
 class ConfigError(RuntimeError):
     """The worker's environment does not describe a runnable worker."""
 

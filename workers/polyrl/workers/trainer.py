@@ -49,7 +49,7 @@ from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.runtime import ConfigError, Runtime, load_config
+from polyrl.workers.runtime import ConfigError, Runtime, load_config, torch_threads
 
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = "trainer"
@@ -386,7 +386,7 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     policy = config.spec.policy(config.policy or "")
     if policy is None:
         raise ConfigError(f"policy {config.policy!r} is not in the job's spec")
-    torch.set_num_threads(int(os.environ.get("POLYRL_TORCH_THREADS", "1")))
+    torch.set_num_threads(torch_threads())
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = Trainer(
         policy, config.spec.algorithm, workdir=workdir_for(config), rank=rank, world=world

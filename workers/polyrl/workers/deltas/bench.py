@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from nats.js import JetStreamContext, api
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
 from polyrl.testing.natsserver import NatsServer
+from polyrl.workers import runtime
 from polyrl.workers.deltas import measure
 from polyrl.workers.deltas.announce import WeightAnnouncement
 from polyrl.workers.deltas.netshape import ShapedProxy
@@ -62,10 +62,9 @@ def run(*, quick: bool) -> dict[str, Any]:
         _progress(f"training deltas at lr {lr}")
         figures.update(_with_suffix(training_figures(lr, steps), suffix))
     _progress("encoding beside a training step")
-    # As the trainer runs: with its torch thread count (POLYRL_TORCH_THREADS, default 1, so
-    # that the encode thread and the rollout workers of a local run have cores of their own);
-    # and, for comparison, with torch's default pool of every core.
-    trainer_threads = int(os.environ.get("POLYRL_TORCH_THREADS", "1"))
+    # As the trainer runs, with its torch thread count (`runtime.torch_threads`), and for
+    # comparison with torch's default pool of every core.
+    trainer_threads = runtime.torch_threads()
     lr = LEARNING_RATES[""]
     overhead = measure.encode_overhead(steps=3 * steps, train_threads=trainer_threads, lr=lr)
     crowded = measure.encode_overhead(steps=3 * steps, lr=lr)

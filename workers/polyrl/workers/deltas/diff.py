@@ -43,8 +43,6 @@ def scan(old: UInt, new: UInt) -> Changes:
     """The elements whose bits differ, with their old and new bits, and the new checksum."""
     if old.shape != new.shape or old.dtype != new.dtype or old.ndim != 1:
         raise ValueError(f"cannot diff {old.dtype}{old.shape} with {new.dtype}{new.shape}")
-    if len(old) <= CHUNK_WORDS:
-        return _scan_small(old, new)
     per_word = 8 // old.dtype.itemsize
     shift = per_word.bit_length() - 1
     aligned = len(old) - len(old) % per_word
@@ -70,13 +68,3 @@ def scan(old: UInt, new: UInt) -> Changes:
         new=np.concatenate([values for _, _, values in found]),
         checksum=hasher.intdigest(),
     )
-
-
-def _scan_small(old: UInt, new: UInt) -> Changes:
-    """`scan` of a tensor that fits in cache: element-wise, in four numpy calls.
-
-    A small model's many small tensors (norms, biases, the layers of a tiny Llama) would pay
-    the word-wise path's dozen calls each, and on such models encoding is Python-bound.
-    """
-    positions = np.flatnonzero(old != new)
-    return Changes(positions, old[positions], new[positions], xxhash.xxh3_64_intdigest(new.data))

@@ -46,8 +46,9 @@ def encode_delta(
     _check_layout(old, new)
     workers = threads.for_size(_nbytes(new), workers)
     names = list(new)
-    small = [n for n in names if 0 < new[n].numel() <= BATCH_MAX_NUMEL]
-    large = [n for n in names if not 0 < new[n].numel() <= BATCH_MAX_NUMEL]
+    batched = {n for n in names if 0 < new[n].numel() <= BATCH_MAX_NUMEL}
+    small = [n for n in names if n in batched]
+    large = [n for n in names if n not in batched]
     done = threads.run(
         lambda name: _encode_tensor(name, old[name], new[name], level), large, workers
     )

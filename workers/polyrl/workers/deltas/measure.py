@@ -18,11 +18,12 @@ snapshot costs 2 bytes per element.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -76,13 +77,20 @@ def synthetic_speed(
 
     `threads` sets torch's thread count (used by `copy_`) and the codec's for the measurement.
     """
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads or saved)
-    try:
+    with _torch_threads(threads) as count:
         figures = _speed(*_synthetic_states(total_mib, change_rate, tensors), repeats)
+    return {"mib": total_mib, "change_rate": change_rate, "threads": count, **figures}
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[int]:
+    """torch's thread count set to `count` (None: left as it is) for a measurement, then back."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count or saved)
+    try:
+        yield count or saved
     finally:
         torch.set_num_threads(saved)
-    return {"mib": total_mib, "change_rate": change_rate, "threads": threads or saved, **figures}
 
 
 def _speed(old: State, new: State, repeats: int) -> dict[str, Any]:
@@ -220,15 +228,18 @@ def encode_overhead(
     +4-6 % with one training thread; a busy loop on the second core alone: +350 % against +3 %).
     `lr` sets how much of the model changes per step (Adam; 1.3 % at 1e-6, 9 % at 1e-5).
     """
+    with _torch_threads(train_threads) as count:
+        return {
+            **_encode_beside_steps(steps, hidden, layers, vocab, seed, lr),
+            "train_threads": count,
+        }
+
+
+def _encode_beside_steps(
+    steps: int, hidden: int, layers: int, vocab: int, seed: int, lr: float
+) -> dict[str, float]:
     import threading
 
-    if train_threads is not None:
-        before = torch.get_num_threads()
-        torch.set_num_threads(train_threads)
-        try:
-            return encode_overhead(steps, hidden, layers, vocab, seed, lr=lr)
-        finally:
-            torch.set_num_threads(before)
     torch.manual_seed(seed)
     model = _training_model(hidden, layers, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -265,5 +276,4 @@ def encode_overhead(
         "step_with_encode_s": step_beside,
         "encode_s": statistics.median(encode_times),
         "overhead": step_beside / step_alone - 1,
-        "train_threads": float(torch.get_num_threads()),
     }
