@@ -1,18 +1,19 @@
-"""Can a tiny verifier learn to judge sums? The shipped verdict format against a worked one.
+"""Can a tiny verifier learn to judge sums? A plain verdict against worked ones.
 
-docs/benchmarks.md ("Learning") explains why the solver-verifier quick start's verifier stays at
-chance: with the shipped format ("12+39=15?" -> "y") the verdict depends on the ones digits of
-both operands and of the candidate only jointly, so no single token carries a signal and
-supervised training sits at ln 2 per verdict. This script trains a fresh tiny Llama, supervised,
+docs/benchmarks.md ("Learning") explains why a verifier that writes its verdict alone stays at
+chance: with that format ("12+39=15?" -> "y") the verdict depends on the ones digits of both
+operands and of the candidate only jointly, so no single token carries a signal and supervised
+training sits at ln 2 per verdict. This script trains a fresh tiny Llama, supervised,
 on either format and prints its balanced accuracy (right vs near-miss candidates, half each) on
 held-out problems every 200 steps:
 
-* `plain`: the shipped target, the verdict alone;
+* `plain`: the verdict alone, the target shipped before worked verdicts;
 * `worked`: the ones digit the verifier computes, then the verdict ("12+39=15?" -> "1y"), so the
   verdict becomes a comparison of two tokens the model can see;
 * `worked-full`: the whole answer the verifier computes, then the verdict ("15y"): the form
-  any task could use (the task's own reference answer as the working).
+  any task can use (the task's own reference answer as the working), shipped in `tasks.verify`.
 
+    .venv/bin/python scripts/verifier_format.py --format worked-full --usual  # 0.95 at 600 steps
     .venv/bin/python scripts/verifier_format.py --format worked            # 0.50 -> 0.80 at 2,400 steps
     .venv/bin/python scripts/verifier_format.py --format plain --answer-steps 3000
 
@@ -39,41 +40,42 @@ from polyrl.workers import warmup  # noqa: E402
 from polyrl.workers.tasks import arithmetic, base, verify  # noqa: E402
 
 
-class WorkedVerdicts:
-    """Verification problems whose target is the verifier's working, then the verdict."""
+class Verdicts:
+    """Verification problems with one of the three targets (the product's is `worked-full`)."""
 
-    name = "worked-verdicts"
+    name = "verdicts"
 
-    def __init__(self, task: arithmetic.Arithmetic, full: bool) -> None:
-        self.task, self.judge, self.full = task, verify.VerificationTask(task), full
+    def __init__(self, task: arithmetic.Arithmetic, form: str) -> None:
+        self.task, self.judge, self.form = task, verify.VerificationTask(task), form
 
-    def working(self, problem: base.Problem) -> str:
-        """The whole answer, or its ones digit (written first when reversed, else last)."""
+    def target(self, problem: base.Problem, verdict: str) -> str:
+        """The verdict alone, after the ones digit, or after the whole answer."""
         ones = problem.answer[0] if self.task.reverse else problem.answer[-1]
-        return problem.answer if self.full else ones
+        working = {"plain": "", "worked": ones, "worked-full": problem.answer}[self.form]
+        return working + verdict
 
     def sample(self, rng: random.Random) -> base.Problem:
         problem = self.task.sample(rng)
         judged = self.judge.judged(problem, rng.random() < 0.5, rng)
-        return base.Problem(judged.prompt, self.working(problem) + judged.answer, judged.id)
+        return base.Problem(judged.prompt, self.target(problem, judged.answer[-1]), judged.id)
 
     def reward(self, problem: base.Problem, completion: str) -> float:
         return 1.0 if base.answer_text(completion) == problem.answer else 0.0
 
+    def held_out(self) -> list[base.Problem]:
+        return []  # the script scores its own cases (`balanced_accuracy`)
 
-def balanced_accuracy(
-    model: torch.nn.Module, tok: object, cases: list[base.Problem], worked: bool
-) -> float:
+
+def balanced_accuracy(model: torch.nn.Module, tok: object, cases: list[base.Problem]) -> float:
     """Mean of the hit rates on right and on near-miss candidates (as `warmup` scores it).
 
-    A worked verdict is its completion's last character, whatever working comes before it.
+    The verdict is the completion's last character, whatever working comes before it.
     """
     outs = warmup.greedy_completions(model, tok, [c.prompt for c in cases], max_new_tokens=5)  # type: ignore[arg-type]
     hits: dict[bool, list[bool]] = {True: [], False: []}
     for case, out in zip(cases, outs, strict=True):
-        right = case.answer == verify.YES
-        text = out.strip()[-1:] if worked else out
-        hits[right].append(verify.parse_verdict(text) == right)
+        right = verify.truth(case)
+        hits[right].append(verify.parse_verdict(out) == right)
     return sum(sum(h) / len(h) for h in hits.values()) / 2
 
 
@@ -104,13 +106,12 @@ def main() -> None:
     judge = verify.VerificationTask(task)
     rng = random.Random(0)
     cases = [judge.judged(p, right, rng) for p in task.held_out()[:300] for right in (True, False)]
-    worked = args.format != "plain"
-    training = WorkedVerdicts(task, full=args.format == "worked-full") if worked else judge
+    training = Verdicts(task, args.format)
     for chunk in range(args.steps // 200):
         result = warmup.supervised_warmup(
             model, tok, training, steps=200, batch_size=128, lr=args.lr, seed=chunk + 10
-        )  # type: ignore[arg-type]
-        score = balanced_accuracy(model, tok, cases, worked)
+        )
+        score = balanced_accuracy(model, tok, cases)
         print(
             f"{args.format} {(chunk + 1) * 200} steps: loss {result['final_loss']:.3f}, "
             f"balanced accuracy {score:.3f} ({time.perf_counter() - started:.0f} s)",

@@ -96,13 +96,13 @@ class TrainerSpec(ApiModel):
         0,
         ge=0,
         le=100000,
-        description="Supervised warm-up steps on the task's answers before RL, for the workflow's first policy (GRPO needs some correct samples to learn from).",
+        description="Supervised warm-up steps before RL: the workflow's first policy trains on the task's answers (GRPO needs some correct samples to learn from), a solver-verifier job's verifier on worked verdicts (the reference answer, then y or n).",
     )
     warmup_target_accuracy: float | None = Field(
         None,
         gt=0,
         le=1,
-        description="Stop the warm-up early once greedy accuracy on training problems reaches this (checked every 10 steps; warmupSteps stays the limit). Where to hand over to RL depends on how fast the model learns, which varies from run to run; a target makes the starting point reproducible.",
+        description="Stop the warm-up early once greedy accuracy on training problems (a verifier: right verdicts) reaches this (checked every 10 steps; warmupSteps stays the limit). Where to hand over to RL depends on how fast the model learns, which varies from run to run; a target makes the starting point reproducible.",
     )
     warmup_batch_size: int = Field(
         32,

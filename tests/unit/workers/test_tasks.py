@@ -229,13 +229,27 @@ def test_verifier_prompt_appends_the_candidate_answer_and_a_question_mark() -> N
     assert verify.verify_prompt(p, "47") == "12+35=47?"
     assert verify.verify_prompt(p, " 46\nnoise</s>") == "12+35=46?"
     assert (verify.verify_answer(True), verify.verify_answer(False)) == ("y", "n")
+    assert verify.verify_answer(False, "47") == "47n"
 
 
 @pytest.mark.parametrize(
     ("completion", "verdict"),
-    [("y", True), ("n", False), (" y\n", True), ("no", False), ("", None), ("x", None)],
+    [
+        ("y", True),
+        ("n", False),
+        (" y\n", True),
+        ("47y", True),
+        ("46n</s>", False),
+        ("47y\nnoise", True),
+        ("no", None),
+        ("y4", None),
+        ("", None),
+        ("x", None),
+    ],
 )
-def test_parse_verdict_reads_the_first_character(completion: str, verdict: bool | None) -> None:
+def test_parse_verdict_reads_the_last_character_after_the_working(
+    completion: str, verdict: bool | None
+) -> None:
     assert verify.parse_verdict(completion) is verdict
 
 

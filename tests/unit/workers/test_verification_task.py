@@ -1,4 +1,4 @@
-"""The verifier's task: right and near-miss candidates, half each, judged "y" or "n"."""
+"""The verifier's task: right and near-miss candidates, half each, worked and judged "y" or "n"."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ def task() -> verify.VerificationTask:
 def test_samples_are_about_half_right_and_say_so_in_their_answer() -> None:
     judge, rng = task(), random.Random(3)
     samples = [judge.sample(rng) for _ in range(400)]
-    yes = [s for s in samples if s.answer == verify.YES]
+    yes = [s for s in samples if verify.truth(s)]
     assert 160 < len(yes) < 240
     for sample in samples:
         problem_prompt, candidate = sample.prompt.rstrip("?").split("=")
         a, b = (int(x) for x in problem_prompt.split("+"))
-        assert (int(candidate) == a + b) == (sample.answer == verify.YES), sample
+        assert (int(candidate) == a + b) == verify.truth(sample), sample
+        # The target is the verifier's working (the right sum, whatever the candidate), then
+        # the verdict.
+        assert sample.answer[:-1] == str(a + b), sample
 
 
 def test_a_near_miss_differs_from_the_answer_in_its_last_digit_only() -> None:
@@ -45,7 +48,7 @@ def test_an_arithmetic_near_miss_changes_the_ones_digit_wherever_it_is_written()
                 wrong[:ones] + wrong[ones + 1 :]
                 == problem.answer[:ones] + problem.answer[ones + 1 :]
             )
-        wrong_ones = [p for p in judge.held_out() if p.answer == verify.NO]
+        wrong_ones = [p for p in judge.held_out() if not verify.truth(p)]
         plain = {p.prompt.split("=")[0]: p.answer for p in task.held_out()}
         for judged in wrong_ones:
             prompt, candidate = judged.prompt.rstrip("?").split("=")
@@ -56,10 +59,14 @@ def test_an_arithmetic_near_miss_changes_the_ones_digit_wherever_it_is_written()
 def test_the_reward_is_the_verdict_agreeing_with_the_truth() -> None:
     judge = task()
     right, wrong = judge.held_out()[:2]
-    assert (right.answer, wrong.answer) == (verify.YES, verify.NO)
+    assert (verify.truth(right), verify.truth(wrong)) == (True, False)
+    assert judge.reward(right, right.answer) == 1.0
     assert judge.reward(right, "y") == 1.0
     assert judge.reward(right, "n") == 0.0
     assert judge.reward(wrong, " n") == 1.0
+    # Only the verdict is judged: wrong working before a right verdict still earns the reward.
+    assert judge.reward(wrong, "99n") == 1.0
+    assert judge.reward(right, "99n") == 0.0
     assert judge.reward(wrong, "maybe") == 0.0
 
 
@@ -67,7 +74,9 @@ def test_held_out_shows_each_held_out_problem_right_and_wrong() -> None:
     judge = task()
     held = judge.held_out()
     assert len(held) == 2 * len(judge.task.held_out())
-    assert [p.answer for p in held[:4]] == [verify.YES, verify.NO, verify.YES, verify.NO]
+    assert [verify.truth(p) for p in held[:4]] == [True, False, True, False]
+    first = judge.task.held_out()[0]
+    assert [p.answer for p in held[:2]] == [first.answer + verify.YES, first.answer + verify.NO]
 
 
 def test_the_solver_warms_up_on_answers_and_the_verifier_on_verdicts() -> None:

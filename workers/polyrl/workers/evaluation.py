@@ -2,7 +2,7 @@
 
 Both concern only the workflow's policies in their roles: the first policy is warmed up on
 the task's answers and scored by greedy accuracy on the task's fixed held-out split; the
-second policy of a solver-verifier job is warmed up on verdicts and scored by balanced
+second policy of a solver-verifier job is warmed up on worked verdicts and scored by balanced
 accuracy on right and near-miss answers (`tasks.verify.VerificationTask`).
 """
 
@@ -49,8 +49,16 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
         seed=spec.workflow.task.seed,
         target=trainer.policy.trainer.warmup_target_accuracy,
         dev=[task.sample(dev_rng) for _ in range(WARMUP_DEV_PROBLEMS)],
-        max_new_tokens=spec.algorithm.max_new_tokens,
+        max_new_tokens=room(trainer.policy.name, spec),
     )
+
+
+def room(policy: str, spec: Any) -> int:
+    """`policy`'s generation budget: an answer's, plus the verdict for a verifier."""
+    tokens = spec.algorithm.max_new_tokens
+    if spec.workflow.name == "solver-verifier" and policy == spec.policies[1].name:
+        return verify.verifier_max_new_tokens(tokens)
+    return int(tokens)
 
 
 def warmup_task(policy: str, spec: Any) -> Any:
@@ -89,7 +97,11 @@ def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
         return {"accuracy": accuracy}
     if spec.workflow.name == "solver-verifier" and trainer.policy.name == names[1]:
         balanced = warmup.verifier_balanced_accuracy(
-            trainer.model, trainer.tokenizer, task, held_out[:VERIFIER_EVAL_PROBLEMS]
+            trainer.model,
+            trainer.tokenizer,
+            task,
+            held_out[:VERIFIER_EVAL_PROBLEMS],
+            max_new_tokens=room(trainer.policy.name, spec),
         )
         return {"balanced_accuracy": balanced}
     return {}

@@ -194,12 +194,15 @@ def verifier_balanced_accuracy(
     tokenizer: PreTrainedTokenizerBase,
     task: base.Task,
     problems: Sequence[base.Problem],
+    *,
+    max_new_tokens: int,
 ) -> float:
     """Mean of the verifier's greedy hit rates on right and on wrong candidate answers.
 
     Each problem is shown once with its reference answer and once with a near miss (one digit
     changed, the ones digit for arithmetic), so a verifier that always says "y" (or always "n")
-    scores 0.5, however often the solver is right; no verdict counts as wrong.
+    scores 0.5, however often the solver is right; no verdict counts as wrong. The verifier
+    writes its working before the verdict: give it `verify.verifier_max_new_tokens` of room.
     """
     from polyrl.workers.tasks import verify
 
@@ -207,10 +210,12 @@ def verifier_balanced_accuracy(
     rng = random.Random(0)
     cases = [judge.judged(p, right, rng) for p in problems for right in (True, False)]
     rates = []
-    for truth in (verify.YES, verify.NO):
-        subset = [c for c in cases if c.answer == truth]
+    for right in (True, False):
+        subset = [c for c in cases if verify.truth(c) == right]
         if subset:
             rates.append(
-                greedy_accuracy(model, tokenizer, subset, max_new_tokens=2, reward=judge.reward)
+                greedy_accuracy(
+                    model, tokenizer, subset, max_new_tokens=max_new_tokens, reward=judge.reward
+                )
             )
     return sum(rates) / len(rates)

@@ -1,10 +1,21 @@
 """Prompts and verdicts of the solver-verifier workflow, for any task.
 
 The verifier policy sees the solver's problem with its candidate answer appended and a "?"
-("12+35=47?") and answers with one character, "y" or "n". Its reward is whether that verdict
-agrees with the task's own reward of the candidate, so the verifier learns to judge without
-ever seeing the reference answer. One character keeps the verdict unambiguous for a tiny model
-and cheap to parse; anything else is no verdict (None), which the workflow scores as wrong.
+("12+35=47?"). It first writes its own working, the answer it computes, and then a one-character
+verdict, "y" or "n" ("47y"). Its reward is whether that verdict agrees with the task's own
+reward of the candidate, so the verifier learns to judge without ever seeing the reference
+answer. The verdict is the completion's last character; anything else there is no verdict
+(None), which the workflow scores as wrong.
+
+Why the working: a verdict written straight after the candidate gives a small model no
+gradient to start from. For addition, "y" depends on the ones digits of both operands and of the
+candidate only jointly, like a parity, so no single token carries any signal. A fresh tiny
+Llama trained on such verdicts stayed at exactly ln 2 per verdict for 1,600 supervised steps,
+even after it had learnt to add. With the working first, the working is supervised like the
+solver's answer, and the verdict becomes a comparison of characters the model has just written.
+The same model reached 0.91-0.95 balanced accuracy in 600 steps of 128
+(`scripts/verifier_format.py`). The working is the task's reference answer, so this works for
+any task.
 """
 
 from __future__ import annotations
@@ -14,6 +25,12 @@ import random
 from polyrl.workers.tasks import base
 
 YES, NO = "y", "n"
+VERDICT_TOKENS = 1  # the verdict's room after the working, which is as long as an answer
+
+
+def verifier_max_new_tokens(answer_tokens: int) -> int:
+    """The verifier's generation budget: the room of a solver's answer, then the verdict."""
+    return answer_tokens + VERDICT_TOKENS
 
 
 def verify_prompt(problem: base.Problem, candidate: str) -> str:
@@ -21,19 +38,28 @@ def verify_prompt(problem: base.Problem, candidate: str) -> str:
     return f"{problem.prompt}{base.answer_text(candidate)}?"
 
 
-def verify_answer(correct: bool) -> str:
-    """The verdict a perfect verifier writes (also the target of a supervised warm-up)."""
-    return YES if correct else NO
+def verify_answer(correct: bool, working: str = "") -> str:
+    """What a perfect verifier writes (the target of its supervised warm-up): the working,
+    which is the problem's reference answer, then the verdict."""
+    return working + (YES if correct else NO)
 
 
 def parse_verdict(completion: str) -> bool | None:
-    """True for "y", False for "n" (the first character after leading spaces), else None."""
-    text = completion.lstrip(" ")
-    if text.startswith(YES):
+    """True for "y", False for "n" as the last character of the answer text, else None.
+
+    Whatever working comes before the verdict does not matter: the verdict is what is judged.
+    """
+    text = base.answer_text(completion)
+    if text.endswith(YES):
         return True
-    if text.startswith(NO):
+    if text.endswith(NO):
         return False
     return None
+
+
+def truth(judged: base.Problem) -> bool:
+    """Whether a verification problem's candidate is right (its target's verdict)."""
+    return judged.answer.endswith(YES)
 
 
 def near_miss(problem: base.Problem, rng: random.Random, *, at: int = -1) -> str:
@@ -53,7 +79,7 @@ def near_miss(problem: base.Problem, rng: random.Random, *, at: int = -1) -> str
 
 
 class VerificationTask:
-    """The verifier's own task: a problem with a candidate answer, judged "y" or "n".
+    """The verifier's own task: a problem with a candidate answer, worked and judged.
 
     Candidates are right half of the time and near misses otherwise, so always answering one
     way is worth exactly half; used for the verifier's supervised warm start (which teaches
@@ -74,14 +100,16 @@ class VerificationTask:
             candidate, right = problem.answer, True  # the near miss happened to be right too
         prompt = verify_prompt(problem, candidate)
         return base.Problem(
-            prompt=prompt, answer=verify_answer(right), id=base.problem_id(self.name, prompt)
+            prompt=prompt,
+            answer=verify_answer(right, problem.answer),
+            id=base.problem_id(self.name, prompt),
         )
 
     def sample(self, rng: random.Random) -> base.Problem:
         return self.judged(self.task.sample(rng), rng.random() < 0.5, rng)
 
     def reward(self, problem: base.Problem, completion: str) -> float:
-        return 1.0 if parse_verdict(completion) == (problem.answer == YES) else 0.0
+        return 1.0 if parse_verdict(completion) == truth(problem) else 0.0
 
     def held_out(self) -> list[base.Problem]:
         """Each held-out problem of the task twice: with its answer and with a near miss."""

@@ -3,8 +3,9 @@
 `single`: the first policy answers a group of samples of one problem; each is rewarded by
 the task's exact check. `solver-verifier`: the solver answers a group; for two of the answers (one
 right and one wrong where there are both) the verifier is asked, a group of times, whether
-it is right; the solver is rewarded by the
-ground truth, the verifier for agreeing with it. Both policies learn from the same episode.
+it is right (it writes its own working, then "y" or "n": `tasks.verify`). The solver is
+rewarded by the ground truth, the verifier for its verdict agreeing with it. Both policies learn
+from the same episode.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import random
 
 from polyrl.workers import tasks
+from polyrl.workers.tasks import verify
 from polyrl.workers.workflows.episode import Episode
 
 
@@ -43,14 +45,16 @@ async def solver_verifier(episode: Episode) -> None:
                 verifier,
                 tasks.verify_prompt(problem, episode.text(answers, i)),
                 episode.group_size,
-                max_new_tokens=2,
+                max_new_tokens=verify.verifier_max_new_tokens(
+                    episode.spec.algorithm.max_new_tokens
+                ),
             )
             for i in judged
         )
     )
     for i, response in zip(judged, responses, strict=True):
         for j in range(len(response.completions)):
-            said = tasks.parse_verdict(episode.text(response, j))
+            said = verify.parse_verdict(episode.text(response, j))
             reward = 1.0 if said is not None and said == correct[i] else 0.0
             await episode.emit(verifier, f"verdict-{i}", response, j, reward)
 
