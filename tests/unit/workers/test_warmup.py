@@ -78,6 +78,11 @@ def test_warmup_raises_greedy_accuracy_on_one_digit_addition() -> None:
     assert stats["final_loss"] < stats["initial_loss"] / 4
     assert after >= before + 0.3
     assert not model.training
+    # What the warm-up's check skipping relies on: teacher-forced exact match is greedy
+    # exact-match accuracy on the same problems (ties and padding aside).
+    batch = warmup.teacher_forcing_batch(tokenizer, training)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert abs(warmup.teacher_forced_exact(logits, batch["labels"]) - after) <= 0.03
 
 
 class Lenient(arithmetic.Arithmetic):
@@ -109,6 +114,32 @@ def test_an_unreached_warm_up_target_runs_every_step() -> None:
     )  # fmt: skip
     assert result["steps"] == 20
     assert result["dev_accuracy"] < 1.0
+
+
+def test_greedy_checks_are_skipped_while_the_training_batches_are_far_from_the_target() -> None:
+    model, tokenizer = tiny.create_tiny_llama("warmup-target")
+    task = arithmetic.Arithmetic(digits=2, ops="+", held_out=10, seed=0)
+    dev = [task.sample(random.Random(1)) for _ in range(4)]
+    result = warmup.supervised_warmup(
+        model, tokenizer, task, steps=120, batch_size=4, lr=1e-3, seed=0,
+        target=1.0, dev=dev, check_every=10,
+    )  # fmt: skip
+    # 12 check points; an untrained model's exact match stays near 0, so only the first and
+    # the eleventh (every FULL_CHECK_EVERY-th) decode greedily.
+    assert result["steps"] == 120
+    assert result["greedy_checks"] == 2
+
+
+def test_teacher_forced_exact_counts_rows_whose_every_scored_token_is_the_argmax() -> None:
+    ignore = warmup.IGNORE
+    # Two rows of four positions over a vocabulary of 3; position t predicts label t + 1.
+    logits = torch.zeros(2, 4, 3)
+    logits[0, :, 1] = 1.0  # row 0 always predicts token 1
+    logits[1, :, 2] = 1.0  # row 1 always predicts token 2
+    labels = torch.tensor([[ignore, ignore, 1, 1], [ignore, 2, 0, ignore]])
+    assert warmup.teacher_forced_exact(logits, labels) == 0.5
+    labels[1, 2] = 2
+    assert warmup.teacher_forced_exact(logits, labels) == 1.0
 
 
 def test_a_warm_up_target_without_dev_problems_is_refused() -> None:
