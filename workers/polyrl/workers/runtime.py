@@ -34,6 +34,10 @@ from polyrl.api.wire import DeadLetter
 log = logging.getLogger("polyrl.worker")
 HEARTBEAT_SECONDS = 2.0
 MAX_DEAD_LETTER_BYTES = 64 * 1024
+# How long closing waits for subscriptions to finish what they hold and for publishes to flush.
+# A subscription left holding messages nobody will read (a pull request's late deliveries)
+# holds a drain until this timeout; nats-py's default, 30 s, delayed every quick start's exit.
+DRAIN_SECONDS = 5
 
 
 TORCH_THREADS_ENV = "POLYRL_TORCH_THREADS"
@@ -96,7 +100,12 @@ class Runtime:
     async def connect(cls, config: WorkerConfig, pod: str, *, timeout: float = 10.0) -> Runtime:
         try:
             nc = await asyncio.wait_for(
-                nats.connect(config.nats_url, max_reconnect_attempts=-1, **_credentials()),
+                nats.connect(
+                    config.nats_url,
+                    max_reconnect_attempts=-1,
+                    drain_timeout=DRAIN_SECONDS,
+                    **_credentials(),
+                ),
                 timeout=timeout,
             )
         except (TimeoutError, OSError, nats.errors.Error) as err:
