@@ -45,10 +45,11 @@ TRAIN_TIMEOUT = 360.0  # measured: 90-100 s on a busy 2-core machine
 
 def quickstart() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(QUICKSTART.read_text())
-    solver = doc["spec"]["policies"][0]
-    assert solver["name"] == "solver"
-    assert solver["trainer"]["warmupSteps"] > WARMUP_STEPS  # an override, not a no-op
-    solver["trainer"]["warmupSteps"] = WARMUP_STEPS
+    policies = doc["spec"]["policies"]
+    assert [p["name"] for p in policies] == ["solver", "verifier"]
+    for policy in policies:  # both warm up: the solver on answers, the verifier on verdicts
+        assert policy["trainer"]["warmupSteps"] > WARMUP_STEPS  # an override, not a no-op
+        policy["trainer"]["warmupSteps"] = WARMUP_STEPS
     return doc
 
 
