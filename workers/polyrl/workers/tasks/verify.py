@@ -15,7 +15,9 @@ even after it had learnt to add. With the working first, the working is supervis
 solver's answer, and the verdict becomes a comparison of characters the model has just written.
 The same model reached 0.91-0.95 balanced accuracy in 600 steps of 128
 (`scripts/verifier_format.py`). The working is the task's reference answer, so this works for
-any task.
+any task. What it does not stop is copying: where near misses differ from the answer in one
+digit only, the candidate's other digits are always right, and the quick start's verifier
+learnt to copy them into its working rather than compute them (`docs/benchmarks.md`).
 """
 
 from __future__ import annotations

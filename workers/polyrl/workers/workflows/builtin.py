@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import random
 
-from polyrl.workers import tasks
 from polyrl.workers.tasks import verify
 from polyrl.workers.workflows.episode import Episode
 
@@ -43,7 +42,7 @@ async def solver_verifier(episode: Episode) -> None:
         *(
             episode.generate(
                 verifier,
-                tasks.verify_prompt(problem, episode.text(answers, i)),
+                verify.verify_prompt(problem, episode.text(answers, i)),
                 episode.group_size,
                 max_new_tokens=verify.verifier_max_new_tokens(
                     episode.spec.algorithm.max_new_tokens
