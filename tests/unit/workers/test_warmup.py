@@ -92,38 +92,34 @@ class Lenient(arithmetic.Arithmetic):
         return 1.0
 
 
-def test_a_warm_up_target_stops_at_the_first_check_that_reaches_it() -> None:
+def towards(task: arithmetic.Arithmetic, *, target: float, steps: int) -> dict[str, float]:
+    """A fresh tiny model's warm-up on `task` towards `target`, checked every 10 steps."""
     model, tokenizer = tiny.create_tiny_llama("warmup-target")
-    task = Lenient(digits=1, ops="+", held_out=10, seed=0)
     dev = [task.sample(random.Random(1)) for _ in range(4)]
-    result = warmup.supervised_warmup(
-        model, tokenizer, task, steps=40, batch_size=4, lr=1e-3, seed=0,
-        target=0.5, dev=dev, check_every=10,
+    return warmup.supervised_warmup(
+        model, tokenizer, task, steps=steps, batch_size=4, lr=1e-3, seed=0,
+        target=target, dev=dev, check_every=10,
     )  # fmt: skip
+
+
+def test_a_warm_up_target_stops_at_the_first_check_that_reaches_it() -> None:
+    result = towards(Lenient(digits=1, ops="+", held_out=10, seed=0), target=0.5, steps=40)
     assert result["steps"] == 10
     assert result["dev_accuracy"] == 1.0
 
 
 def test_an_unreached_warm_up_target_runs_every_step() -> None:
-    model, tokenizer = tiny.create_tiny_llama("warmup-target")
-    task = arithmetic.Arithmetic(digits=2, ops="+", held_out=10, seed=0)
-    dev = [task.sample(random.Random(1)) for _ in range(4)]
-    result = warmup.supervised_warmup(
-        model, tokenizer, task, steps=20, batch_size=4, lr=1e-3, seed=0,
-        target=1.0, dev=dev, check_every=10,
-    )  # fmt: skip
+    result = towards(
+        arithmetic.Arithmetic(digits=2, ops="+", held_out=10, seed=0), target=1.0, steps=20
+    )
     assert result["steps"] == 20
     assert result["dev_accuracy"] < 1.0
 
 
 def test_greedy_checks_are_skipped_while_the_training_batches_are_far_from_the_target() -> None:
-    model, tokenizer = tiny.create_tiny_llama("warmup-target")
-    task = arithmetic.Arithmetic(digits=2, ops="+", held_out=10, seed=0)
-    dev = [task.sample(random.Random(1)) for _ in range(4)]
-    result = warmup.supervised_warmup(
-        model, tokenizer, task, steps=120, batch_size=4, lr=1e-3, seed=0,
-        target=1.0, dev=dev, check_every=10,
-    )  # fmt: skip
+    result = towards(
+        arithmetic.Arithmetic(digits=2, ops="+", held_out=10, seed=0), target=1.0, steps=120
+    )
     # 12 check points; an untrained model's exact match stays near 0, so only the first and
     # the eleventh (every FULL_CHECK_EVERY-th) decode greedily.
     assert result["steps"] == 120
