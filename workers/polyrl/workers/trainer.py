@@ -363,15 +363,17 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         leader.record(stats, dropped=dropped, seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
             trainer.save()
-    # A fetch that timed out can still receive its late deliveries, which then sit unread in the
-    # subscription's queue and hold the connection's drain until its timeout (30 s by default,
-    # seen at the end of every quick start). Unacked, they are redelivered to a later trainer.
-    await sub.unsubscribe()
     if trainer.world > 1:
         await asyncio.to_thread(ranks.share_batch, None)  # tells the other ranks to stop
     if leader.publishing is not None:
         await leader.publishing
     trainer.save()
+    # A fetch that timed out can still receive its late deliveries, which then sit unread in the
+    # subscription's queue and hold the connection's drain until its timeout (30 s by default,
+    # seen at the end of every quick start). Unacked, they are redelivered to a later trainer.
+    # After the checkpoint: a connection lost by now must not cost the last save.
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()
 
 
 def shuffled_rewards(samples: list[batching.Sample], *, seed: int) -> list[batching.Sample]:
