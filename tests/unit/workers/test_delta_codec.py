@@ -206,7 +206,8 @@ def test_long_gaps_and_large_value_jumps_round_trip_through_the_escape_streams()
 
 
 @pytest.mark.parametrize("kind", [np.uint8, np.uint16, np.uint32, np.uint64])
-@pytest.mark.parametrize("numel", [0, 1, 7, 13, 4099, 300_001])
+# The last size spans two chunks of 8-bit elements and more of the wider kinds, with a tail.
+@pytest.mark.parametrize("numel", [0, 1, 7, 13, 4099, 300_001, 2 * diff.CHUNK_WORDS * 8 + 5])
 def test_the_scan_finds_exactly_the_elements_whose_bits_differ(kind, numel):
     rng = np.random.default_rng(numel)
     old = rng.integers(0, 256, numel).astype(kind)
