@@ -19,6 +19,7 @@ not the rollout engine.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -79,37 +80,22 @@ def supervised_warmup(
         raise ValueError("a warm-up target needs dev problems to measure it on")
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    check = _TargetCheck(target, check_every) if target is not None else None
     was_training = model.training
-    model.train()
     losses: list[float] = []
-    accuracy = float("nan")
-    exact: list[float] = []  # teacher-forced exact match of each batch since the last check
-    checks = greedy_checks = 0
     started = time.perf_counter()
     try:
         for step in range(1, steps + 1):
-            model.train()
             batch = teacher_forcing_batch(tokenizer, [task.sample(rng) for _ in range(batch_size)])
-            batch = {k: v.to(model.device) for k, v in batch.items()}
-            output = model(**batch)
-            optimizer.zero_grad(set_to_none=True)
-            output.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            optimizer.step()
-            losses.append(float(output.loss.detach()))
-            exact.append(teacher_forced_exact(output.logits, batch["labels"]))
-            if target is None or step % check_every:
+            loss, exact = _train_step(model, optimizer, batch, grad_clip)
+            losses.append(loss)
+            if check is None or not check.due(step, exact):
                 continue
-            seen = max(sum(exact) / len(exact), accuracy if checks else 0.0)
-            near = seen >= NEAR_TARGET * target
-            exact, checks = [], checks + 1
-            if near or checks % FULL_CHECK_EVERY == 1:
-                greedy_checks += 1
-                accuracy = greedy_accuracy(
-                    model, tokenizer, dev, max_new_tokens=max_new_tokens, reward=task.reward
-                )
-                if accuracy >= target:
-                    break
+            check.accuracy = greedy_accuracy(
+                model, tokenizer, dev, max_new_tokens=max_new_tokens, reward=task.reward
+            )
+            if check.accuracy >= check.target:
+                break
     finally:
         model.train(was_training)
     tail = losses[-10:] or [float("nan")]
@@ -117,10 +103,51 @@ def supervised_warmup(
         "steps": float(len(losses)),
         "initial_loss": losses[0] if losses else float("nan"),
         "final_loss": sum(tail) / len(tail),
-        "dev_accuracy": accuracy,
-        "greedy_checks": float(greedy_checks),
+        "dev_accuracy": check.accuracy if check else float("nan"),
+        "greedy_checks": float(check.greedy if check else 0),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _train_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    grad_clip: float,
+) -> tuple[float, float]:
+    """One clipped AdamW step; the batch's loss and teacher-forced exact match before it."""
+    model.train()
+    batch = {k: v.to(model.device) for k, v in batch.items()}
+    output = model(**batch)
+    optimizer.zero_grad(set_to_none=True)
+    output.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return float(output.loss.detach()), teacher_forced_exact(output.logits, batch["labels"])
+
+
+@dataclasses.dataclass(slots=True)
+class _TargetCheck:
+    """When a warm-up with a target decodes greedily (see `supervised_warmup`)."""
+
+    target: float
+    every: int
+    accuracy: float = float("nan")  # of the last greedy check
+    greedy: int = 0  # greedy checks run
+    checks: int = 0  # check points passed, greedy or skipped
+    exact: list[float] = dataclasses.field(default_factory=list)  # batches since the last one
+
+    def due(self, step: int, exact: float) -> bool:
+        """Note a trained batch's exact match; whether step `step` decodes greedily."""
+        self.exact.append(exact)
+        if step % self.every:
+            return False
+        seen = max(sum(self.exact) / len(self.exact), self.accuracy if self.greedy else 0.0)
+        self.exact, self.checks = [], self.checks + 1
+        if seen < NEAR_TARGET * self.target and self.checks % FULL_CHECK_EVERY != 1:
+            return False
+        self.greedy += 1
+        return True
 
 
 # A target check decodes greedily only once the training batches or the last check reach this
