@@ -1,7 +1,8 @@
 """Rendering plan output as Kubernetes objects: Pods, the trainer Service, PolicyGroups.
 
 Pods satisfy Pod Security `restricted` (non-root, no privilege escalation, all capabilities
-dropped, RuntimeDefault seccomp, read-only root with a writable /tmp), run with
+dropped, RuntimeDefault seccomp, read-only root with a writable /tmp; trainers also get a
+memory-backed /dev/shm), run with
 `restartPolicy: Never` (the operator replaces them, with backoff), never mount a service
 account token (workers talk only to NATS), and carry a hash of their spec so a changed image
 or resources rolls out.
@@ -73,6 +74,7 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
         container["resources"] = launch.resources.to_api()
     if launch.role == Role.TRAINER:
         container["ports"] = [{"name": "rdzv", "containerPort": RDZV_PORT}]
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     return container
 
 
@@ -94,6 +96,11 @@ def pod_spec(
         "containers": [_container(launch, nats_secret)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
+    if launch.role == Role.TRAINER:
+        # The trainer's delta encoder reads snapshots from shared memory (two bf16 copies of the
+        # model), and NCCL uses it too; a container's own /dev/shm is 64 MiB. Memory-backed, it
+        # counts against the pod's memory limit.
+        spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     if launch.node_selector:
         spec["nodeSelector"] = dict(launch.node_selector)
     if launch.tolerations:

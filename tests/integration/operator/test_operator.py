@@ -66,6 +66,10 @@ def test_applying_the_example_creates_groups_pods_service_and_streams(
     trainer = get(kubectl, ns, "pod", f"{job}-solver-trainer-0")
     assert trainer["spec"]["containers"][0]["command"][0] == "torchrun"
     assert trainer["spec"]["subdomain"] == f"{job}-solver-trainer"
+    # the delta encoder's snapshots live in shared memory: a container's own is 64 MiB
+    mounts = {m["mountPath"]: m["name"] for m in trainer["spec"]["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in trainer["spec"]["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
     svc = get(kubectl, ns, "service", f"{job}-solver-trainer")
     assert svc["spec"]["clusterIP"] == "None"
     names = JobNames(namespace=ns, job=job)

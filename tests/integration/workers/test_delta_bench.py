@@ -39,6 +39,7 @@ async def test_the_quick_delta_benchmark_reports_every_headline_figure() -> None
     assert figures["train_step_encode_s"] > 0
     assert isinstance(figures["encode_share_of_step"], float)  # noise can make it negative
     assert isinstance(figures["encode_share_of_step_all_threads"], float)
+    assert isinstance(figures["encode_share_of_step_thread"], float)
     assert figures["train_step_threads"] == 1  # the trainer's default, POLYRL_TORCH_THREADS
     assert figures["train_step_all_threads_s"] > 0
     assert isinstance(figures["shaped_link"], str)

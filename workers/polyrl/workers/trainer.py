@@ -47,6 +47,7 @@ from polyrl.api.wire import Trajectory
 from polyrl.workers import batching, bundle, checkpoint, evaluation, grpo, ranks
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
+from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.runtime import ConfigError, Runtime, load_config, torch_threads
@@ -250,6 +251,9 @@ class Leader:
         self.rt, self.trainer, self.workdir = rt, trainer, workdir
         self.policy = trainer.policy
         self.publishing: asyncio.Task[Any] | None = None
+        # Started now, so that its imports overlap the warm-up; encoding in a process of its own
+        # keeps it from slowing the training steps it runs beside (`encoders`).
+        self.encoder = ProcessEncoder()
         self.started = time.monotonic()  # reset once training starts (after the warm-up)
         self.waited = 0.0
         metrics = os.environ.get("POLYRL_METRICS_FILE")
@@ -277,6 +281,7 @@ class Leader:
             self.policy.name,
             keyframe_every=every,
             epoch=self.trainer.state.epoch,
+            encoder=self.encoder,
         )
         last = await announce.latest(self.rt.js, self.rt.names, self.policy.name)
         first = max(self.trainer.state.version, last.version if last else -1) + 1
@@ -329,6 +334,13 @@ class Leader:
 
 async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
     leader = Leader(rt, trainer, workdir)
+    try:
+        await _train(rt, trainer, leader)
+    finally:
+        leader.encoder.close()
+
+
+async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
     sub = await leader.start()
     rt.state = WorkerState.TRAINING
     spec, state = rt.config.spec, trainer.state

@@ -8,7 +8,9 @@ Every figure is measured against a baseline in the same run, since the machines 
    Headline keys are lr 1e-6, `_lr1e5` keys the other.
 2. Speed, on a synthetic bf16 model of 512 MiB (64 MiB with --quick) with 1% of the elements
    changed (`measure.synthetic_speed`): encode, and apply with verification, against
-   `dst.copy_(src)` of the same tensors.
+   `dst.copy_(src)` of the same tensors. And what encoding adds to a training step of the tiny
+   model that it runs beside, as the trainer runs it (`measure.encode_overhead`): in a child
+   process (`encode_share_of_step`), and for comparison on a thread (`_thread`).
 3. Transport, through a nats-server started here: the keyframe of that model read by
    `WeightStore.get` (digest checked) against a plain nats-py pull consumer that only collects the
    same chunks (`objstore_vs_pull`, higher is better), and by the stock `ObjectStore.get`.
@@ -62,18 +64,22 @@ def run(*, quick: bool) -> dict[str, Any]:
         _progress(f"training deltas at lr {lr}")
         figures.update(_with_suffix(training_figures(lr, steps), suffix))
     _progress("encoding beside a training step")
-    # As the trainer runs, with its torch thread count (`runtime.torch_threads`), and for
-    # comparison with torch's default pool of every core.
+    # As the trainer runs: its torch thread count (`runtime.torch_threads`) and its encoder (a
+    # child process); for comparison, encoding on a thread, and torch's default pool of every core.
     trainer_threads = runtime.torch_threads()
-    lr = LEARNING_RATES[""]
-    overhead = measure.encode_overhead(steps=3 * steps, train_threads=trainer_threads, lr=lr)
-    crowded = measure.encode_overhead(steps=3 * steps, lr=lr)
-    dense = measure.encode_overhead(steps=3 * steps, train_threads=trainer_threads, lr=1e-5)
+    lr, many = LEARNING_RATES[""], 3 * steps
+    overhead = measure.encode_overhead(steps=many, train_threads=trainer_threads, lr=lr)
+    threaded = measure.encode_overhead(
+        steps=many, train_threads=trainer_threads, lr=lr, encoder="thread"
+    )
+    crowded = measure.encode_overhead(steps=many, lr=lr)
+    dense = measure.encode_overhead(steps=many, train_threads=trainer_threads, lr=1e-5)
     figures |= {
         "train_step_s": overhead["step_s"],
         "train_step_threads": int(overhead["train_threads"]),
         "train_step_encode_s": overhead["encode_s"],
         "encode_share_of_step": overhead["overhead"],
+        "encode_share_of_step_thread": threaded["overhead"],
         "encode_share_of_step_all_threads": crowded["overhead"],
         "encode_share_of_step_lr1e5": dense["overhead"],
         "train_step_all_threads_s": crowded["step_s"],

@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +30,9 @@ from typing import Any
 import torch
 
 from polyrl.workers.deltas import decode, encode, format
+from polyrl.workers.deltas.encoders import Encoder
+from polyrl.workers.deltas.encoders.inline import InlineEncoder
+from polyrl.workers.deltas.encoders.process import ProcessEncoder
 
 COO_BYTES = 6
 
@@ -215,31 +219,34 @@ def encode_overhead(
     seed: int = 0,
     train_threads: int | None = None,
     lr: float = 1e-6,
+    encoder: str = "process",
 ) -> dict[str, float]:
     """What encoding a version's delta adds to a training step when it runs beside it.
 
-    The trainer encodes version N on a thread while it trains step N+1 (DESIGN: off the
-    critical path); on a machine with few cores the two still share the CPU. This times
-    training steps of the tiny model alone and with the previous step's delta being encoded
-    on a thread at the same time, interleaved, and reports the medians and their ratio.
+    The trainer encodes version N while it trains step N+1 (DESIGN: off the critical path); on
+    a machine with few cores the two still share the CPU. This times training steps of the tiny
+    model alone and with the previous step's delta being encoded at the same time, interleaved,
+    and reports the medians and their ratio. `encoder` is where the encode runs: "process" (a
+    `ProcessEncoder`, as the trainer does) or "thread" (an `InlineEncoder` on a thread of this
+    process, which shares the GIL with the step; see `encoders`).
     `train_threads` is torch's intra-op thread count for the steps (default: unchanged). It
-    matters more than the codec: with every core in torch's pool, its threads wait for each
-    other whenever the encode thread takes one core (measured on 2 cores: +21-23 % against
-    +4-6 % with one training thread; a busy loop on the second core alone: +350 % against +3 %).
+    matters: with every core in torch's pool, its threads wait for each other whenever the
+    encode takes one core (measured on 2 cores with the thread encoder: +21-23 % against +4-6 %
+    with one training thread; a busy loop on the second core alone: +350 % against +3 %).
     `lr` sets how much of the model changes per step (Adam; 1.3 % at 1e-6, 9 % at 1e-5).
     """
     with _torch_threads(train_threads) as count:
-        return {
-            **_encode_beside_steps(steps, hidden, layers, vocab, seed, lr),
-            "train_threads": count,
-        }
+        made: Encoder = ProcessEncoder() if encoder == "process" else InlineEncoder()
+        try:
+            figures = _encode_beside_steps(made, steps, hidden, layers, vocab, seed, lr)
+        finally:
+            made.close()
+    return {**figures, "train_threads": count}
 
 
 def _encode_beside_steps(
-    steps: int, hidden: int, layers: int, vocab: int, seed: int, lr: float
+    encoder: Encoder, steps: int, hidden: int, layers: int, vocab: int, seed: int, lr: float
 ) -> dict[str, float]:
-    import threading
-
     torch.manual_seed(seed)
     model = _training_model(hidden, layers, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -254,22 +261,23 @@ def _encode_beside_steps(
         return time.perf_counter() - started
 
     train_step()  # warm-up: allocator, Adam state
-    previous = _bf16(model)
+    published = encoder.snapshot(_bf16(model), keep=None)
+    encoder.keyframe(published, version=0)  # and the encoder's: a child's imports, its pool
     alone, beside, encode_times = [], [], []
-    for _ in range(steps):
+    for version in range(1, steps + 1):
         alone.append(train_step())
-        current = _bf16(model)
+        current = encoder.snapshot(_bf16(model), keep=published)
 
-        def encode_delta(old: State = previous, new: State = current) -> None:
+        def encode_delta(old: State = published, new: State = current, at: int = version) -> None:
             started = time.perf_counter()
-            encode.encode_delta(old, new, base_version=0, new_version=1)
+            encoder.delta(old, new, base_version=at - 1, new_version=at)
             encode_times.append(time.perf_counter() - started)
 
         worker = threading.Thread(target=encode_delta)
         worker.start()
         beside.append(train_step())
         worker.join()
-        previous = _bf16(model)
+        published = encoder.snapshot(_bf16(model), keep=current)  # the next delta: one step
     step_alone, step_beside = statistics.median(alone), statistics.median(beside)
     return {
         "step_s": step_alone,

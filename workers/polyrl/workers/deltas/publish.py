@@ -2,7 +2,9 @@
 
 Kept apart from the training loop so that the trainer worker only calls `publish(state)` after
 each step and `prune(live_versions)` now and then, and so tests and benchmarks can play the trainer.
-The publisher keeps the last *published* bf16 state, the base of the next delta (see `encode`).
+The publisher keeps the last *published* bf16 state, the base of the next delta (see `encode`),
+as a snapshot of its `Encoder`, which decides where encoding runs (`encoders`: by default a thread
+of the caller; the trainer uses a process of its own).
 Order matters for readers: objects are written before they are announced, and at a keyframe
 version the keyframe is announced before the delta (see `announce`).
 """
@@ -17,8 +19,10 @@ import torch
 from nats.js import JetStreamContext
 
 from polyrl.api.naming import JobNames
-from polyrl.workers.deltas import announce, chain, encode
+from polyrl.workers.deltas import announce, chain
 from polyrl.workers.deltas.announce import ObjectKind, WeightAnnouncement
+from polyrl.workers.deltas.encoders import Encoder, Snapshot
+from polyrl.workers.deltas.encoders.inline import InlineEncoder
 from polyrl.workers.deltas.store import ObjectMissing, WeightStore
 
 
@@ -31,12 +35,13 @@ class WeightPublisher:
         *,
         keyframe_every: int,
         epoch: int = 0,
-        workers: int | None = None,
+        encoder: Encoder | None = None,
     ) -> None:
         chain.is_keyframe_version(0, keyframe_every)  # validates
         self.store, self.names, self.policy = store, names, policy
-        self.keyframe_every, self.epoch, self.workers = keyframe_every, epoch, workers
-        self.published: dict[str, torch.Tensor] | None = None
+        self.keyframe_every, self.epoch = keyframe_every, epoch
+        self.encoder = encoder or InlineEncoder()
+        self.published: Snapshot | None = None
         self.version: int | None = None
 
     @property
@@ -52,21 +57,18 @@ class WeightPublisher:
         restarted trainer (a new epoch) gives replicas somewhere to start.
         """
         version = self._next(version)
-        snapshot = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()}
+        snapshot = self.encoder.snapshot(state, keep=self.published)
         objects: list[tuple[str, ObjectKind, int | None, bytes]] = []
         if self.published is None or chain.is_keyframe_version(version, self.keyframe_every):
-            blob = await asyncio.to_thread(
-                encode.encode_keyframe, snapshot, version=version, workers=self.workers
-            )
+            blob = await asyncio.to_thread(self.encoder.keyframe, snapshot, version=version)
             objects.append((chain.keyframe_name(version), ObjectKind.KEYFRAME, None, blob))
         if self.published is not None and self.version is not None:
             blob = await asyncio.to_thread(
-                encode.encode_delta,
+                self.encoder.delta,
                 self.published,
                 snapshot,
                 base_version=self.version,
                 new_version=version,
-                workers=self.workers,
             )
             name = chain.delta_name(self.version, version)
             objects.append((name, ObjectKind.DELTA, self.version, blob))
