@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,36 @@ def test_slots_lay_tensors_out_on_cache_lines_in_one_buffer() -> None:
         slot[name].copy_(tensor)
     assert same_bits(slot, state)
     assert all(t.untyped_storage().data_ptr() == flat.data_ptr() for t in slot.values())
+
+
+def test_a_request_the_child_cannot_serve_is_raised_and_it_keeps_serving(
+    child: ProcessEncoder,
+) -> None:
+    with pytest.raises(RuntimeError, match="unknown request 'bogus'"):
+        child._call(("bogus",))
+    first, second = states(2)
+    published = child.snapshot(first, keep=None)
+    newer = child.snapshot(second, keep=published)
+    assert child.delta(published, newer, base_version=0, new_version=1) == encode.encode_delta(
+        first, second, base_version=0, new_version=1
+    )
+    assert child.pid is not None
+
+
+def test_without_an_encoder_process_encoding_stays_in_the_trainer(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(self: SpawnProcess) -> None:
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(SpawnProcess, "start", refuse)
+    with caplog.at_level(logging.WARNING):
+        encoder = ProcessEncoder()
+    assert encoder.pid is None
+    assert "no encoder process (Resource temporarily unavailable)" in caplog.text
+    first, second = states(2)
+    published = encoder.snapshot(first, keep=None)
+    newer = encoder.snapshot(second, keep=published)
+    delta = encoder.delta(published, newer, base_version=0, new_version=1)
+    assert delta == encode.encode_delta(first, second, base_version=0, new_version=1)
+    encoder.close()

@@ -59,6 +59,8 @@ class ProcessEncoder:
 
     def __init__(self, *, workers: int | None = None) -> None:
         self._inline = InlineEncoder(workers)
+        self._lock = threading.Lock()
+        self._slots: list[Snapshot] = []
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self._process: Any = context.Process(
@@ -67,10 +69,14 @@ class ProcessEncoder:
             name="polyrl-delta-encoder",
             daemon=True,
         )
-        self._process.start()
-        child.close()
-        self._lock = threading.Lock()
-        self._slots: list[Snapshot] = []
+        try:
+            self._process.start()
+        except OSError as err:
+            log.warning("delta encoding stays in the trainer: no encoder process (%s)", err)
+            self._process = None
+            self._conn.close()
+        finally:
+            child.close()
 
     @property
     def pid(self) -> int | None:
@@ -148,19 +154,25 @@ class ProcessEncoder:
         return inline()
 
     def _call(self, request: tuple[Any, ...]) -> Any:
+        """Send `request`; its reply is a status and, for an encode, the blob as raw bytes.
+
+        The blob goes by `send_bytes` and not pickled with the status: a keyframe is the size of
+        the model, and pickling would copy it once more on each side.
+        """
         with self._lock:
             try:
                 self._conn.send(request)
                 status, value = self._conn.recv()
+                blob = self._conn.recv_bytes() if status == "blob" else None
             except (EOFError, OSError) as err:
                 process = self._process
                 raise EncoderDied(
                     f"the delta encoder process (pid {process.pid}) is gone "
                     f"(exit code {process.exitcode})"
                 ) from err
-        if status != "ok":
+        if status == "error":
             raise RuntimeError(f"delta encoder process: {value}")
-        return value
+        return blob
 
 
 def plan_layout(state: StateDict) -> tuple[Layout, int]:
@@ -203,13 +215,18 @@ def serve(conn: Connection, workers: int | None, threads: int) -> None:
         if request is None:
             return
         try:
-            reply: tuple[str, Any] = ("ok", _handle(request, slots, workers))
+            blob = _handle(request, slots, workers)
         except Exception as err:  # the trainer raises it; the child keeps serving
-            reply = ("error", f"{type(err).__name__}: {err}")
-        conn.send(reply)
+            conn.send(("error", f"{type(err).__name__}: {err}"))
+            continue
+        if blob is None:
+            conn.send(("ok", None))
+        else:
+            conn.send(("blob", len(blob)))
+            conn.send_bytes(blob)
 
 
-def _handle(request: tuple[Any, ...], slots: list[Snapshot], workers: int | None) -> Any:
+def _handle(request: tuple[Any, ...], slots: list[Snapshot], workers: int | None) -> bytes | None:
     match request:
         case ("slots", flats, layout):
             slots[:] = [views(flat, layout) for flat in flats]
