@@ -25,6 +25,13 @@ from polyrl.testing import processes
 from polyrl.testing.natsserver import NatsServer
 from polyrl.testing.nodeagent.podenv import expand
 
+# Consumers before what they consume. A workflow runner given SIGTERM lets its in-flight
+# episodes finish (up to its 20 s drain timeout), which needs the rollout workers still
+# answering: stopped all together, every quick start ended by waiting out that timeout for
+# replies that could no longer come (23 s from the trainers' exit to the end of the run).
+STOP_ORDER = (Role.WORKFLOW, Role.ROLLOUT, Role.TRAINER)
+STOP_GRACE = 20.0
+
 
 @dataclass
 class LocalRun:
@@ -77,7 +84,10 @@ class LocalRun:
         return bad
 
     def stop(self) -> None:
-        processes.stop_all(list(self.procs.values()), grace=20)
+        """Every process, in `STOP_ORDER`, each role given `STOP_GRACE` seconds; then NATS."""
+        for role in STOP_ORDER:
+            group = [proc for name, proc in self.procs.items() if self.roles[name] == role]
+            processes.stop_all(group, grace=STOP_GRACE)
         if self.nats is not None:
             self.nats.stop()
             self.nats = None

@@ -338,6 +338,7 @@ async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
         await _train(rt, trainer, leader)
     finally:
         leader.encoder.close()
+        log.info("delta encoder closed")
 
 
 async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
@@ -375,11 +376,13 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         leader.record(stats, dropped=dropped, seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
             trainer.save()
+    log.info("training stopped at step %d", state.step)
     if trainer.world > 1:
         await asyncio.to_thread(ranks.share_batch, None)  # tells the other ranks to stop
     if leader.publishing is not None:
         await leader.publishing
     trainer.save()
+    log.info("version %d published and checkpoint saved", state.version)
     # A fetch that timed out can still receive its late deliveries, which then sit unread in the
     # subscription's queue and hold the connection's drain until its timeout (30 s by default,
     # seen at the end of every quick start). Unacked, they are redelivered to a later trainer.
@@ -421,6 +424,7 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     finally:
         beat.cancel()
         await rt.close()
+        log.info("disconnected")
 
 
 def main() -> int:

@@ -1,0 +1,52 @@
+"""The local runner stops consumers before what they consume: workflow, rollouts, trainers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from polyrl.api.launch import Role
+from polyrl.local import jobfile, runner
+from polyrl.local.runner import LocalRun
+from polyrl.testing import processes
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Notes the time it got SIGTERM, then takes a moment to exit, as a draining worker would.
+WORKER = """
+import signal, sys, time
+def stop(signum, frame):
+    with open(sys.argv[1], "a") as out:
+        out.write(f"{time.time()}\\n")
+    time.sleep(0.3)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_stop_lets_the_workflow_finish_before_rollouts_and_trainers_get_sigterm(
+    tmp_path: Path,
+) -> None:
+    job = jobfile.load(REPO / "examples" / "quickstart.yaml")
+    run = LocalRun(job=job, run_dir=tmp_path)
+    for role in (Role.TRAINER, Role.ROLLOUT, Role.WORKFLOW):  # started in the other order
+        log = tmp_path / f"{role}.log"
+        run.procs[str(role)] = processes.start(
+            str(role), [sys.executable, "-c", WORKER, str(tmp_path / f"{role}.stopped")], log=log
+        )
+        run.roles[str(role)] = role
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "ready" not in log.read_text():
+            time.sleep(0.05)
+    run.stop()
+    assert not any(proc.alive() for proc in run.procs.values())
+    stopped = {role: float((tmp_path / f"{role}.stopped").read_text()) for role in run.roles}
+    order = sorted(stopped, key=stopped.__getitem__)
+    assert order == [str(role) for role in runner.STOP_ORDER]
+    # each got SIGTERM only once the one before had exited
+    assert stopped["rollout"] - stopped["workflow"] >= 0.25
+    assert stopped["trainer"] - stopped["rollout"] >= 0.25
