@@ -1,7 +1,9 @@
 """What a local run shows and leaves behind: live progress, and a PNG of reward by step.
 
 Both read the run's metrics JSONL (one line per trainer step per policy), so they need no
-connection to the workers and work the same on a finished run.
+connection to the workers and work the same on a finished run. The workflow runner's lines
+(`"source": "workflow"`: how well a verifier judges, per window of its versions) are not
+trainer steps and are left out here.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 
 def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """Lines by policy, in step order; a torn last line (a writer mid-append) is skipped."""
+    """Trainer lines by policy, in step order; a torn last line (mid-append) is skipped."""
     by_policy: dict[str, list[dict[str, Any]]] = defaultdict(list)
     if not path.is_file():
         return {}
@@ -22,7 +24,8 @@ def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        by_policy[record["policy"]].append(record)
+        if record.get("source", "trainer") == "trainer":
+            by_policy[record["policy"]].append(record)
     for records in by_policy.values():
         records.sort(key=lambda r: r["step"])
     return dict(by_policy)

@@ -7,6 +7,7 @@ runner; the test reads what the trainers would get from the trajectory streams.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 
@@ -71,8 +72,10 @@ async def collect(nc: NatsClient, names: JobNames, policy: str, count: int) -> l
 
 @pytest.mark.parametrize("workflow", ["single", "solver-verifier"])
 async def test_episodes_become_rewarded_trajectories_for_each_policy(
-    nats_server: NatsServer, tmp_path: Path, workflow: str
+    nats_server: NatsServer, tmp_path: Path, workflow: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("POLYRL_METRICS_FILE", str(metrics))
     names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
     job = spec(workflow)
     nc = await nats.connect(nats_server.url)
@@ -128,3 +131,16 @@ async def test_episodes_become_rewarded_trajectories_for_each_policy(
         await nc.close()
     assert runner.episodes >= 2
     assert workflows.load_workflow(workflow) is not None
+    # How well the verifier judged, per window of its versions, flushed when the runner stopped:
+    # two answers of every finished episode, each judged a group of times.
+    judged = (
+        [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    )
+    if workflow == "single":
+        assert judged == []
+    else:
+        assert {(r["policy"], r["source"], tuple(r["versions"])) for r in judged} == {
+            ("verifier", "workflow", (0, 9))
+        }
+        group = job.algorithm.group_size
+        assert sum(r["judged"] for r in judged) == 2 * group * runner.episodes

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import os
 import random
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -26,6 +29,7 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.resources import Mode
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
 from polyrl.workers.deltas import announce
+from polyrl.workers.judging import JudgedAccuracy
 from polyrl.workers.runtime import Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
 from polyrl.workers.workflows import Episode, Workflow
@@ -62,6 +66,9 @@ class WorkflowRunner:
         self.episodes = 0
         self.failed = 0
         self.recent: dict[str, list[float]] = {}
+        self.judging = JudgedAccuracy()
+        metrics = os.environ.get("POLYRL_METRICS_FILE")
+        self.metrics = Path(metrics) if metrics else None
         self.gate = self._sync_gate() if rt.config.spec.algorithm.mode == Mode.SYNC else None
         self.started = time.monotonic()
         self.in_episode: set[int] = set()  # loops running an episode right now
@@ -90,6 +97,7 @@ class WorkflowRunner:
         _, pending = await asyncio.wait(loops, timeout=self.drain_timeout)
         for task in pending:
             task.cancel()
+        self._write_metrics(self.judging.flush())
         log.info(
             "stopped: %d episodes done, %d failed, %d cut short",
             self.episodes,
@@ -125,6 +133,9 @@ class WorkflowRunner:
                     await self.gate.done({p: len(r) for p, r in episode.rewards.items()})
 
     def _record(self, episode: Episode) -> None:
+        for policy, version, truth, said in episode.judgements:
+            self.judging.add(policy, version, truth, said)
+        self._write_metrics(self.judging.closed())
         for policy, rewards in episode.rewards.items():
             window = self.recent.setdefault(policy, [])
             window.extend(rewards)
@@ -137,6 +148,14 @@ class WorkflowRunner:
         elapsed = time.monotonic() - self.started
         if self.gate is not None and elapsed > 0:
             self.rt.figures["idle_fraction"] = min(1.0, self.gate.waited / elapsed)
+
+    def _write_metrics(self, records: list[dict[str, Any]]) -> None:
+        """Judging figures into the run's metrics (beside the trainers' lines), and the log."""
+        for record in records:
+            log.info("judged %s", record)
+        if self.metrics is not None and records:
+            with self.metrics.open("a") as out:
+                out.writelines(json.dumps(record) + "\n" for record in records)
 
     async def _generate(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
         temperature = self.rt.config.spec.algorithm.temperature

@@ -56,6 +56,7 @@ async def solver_verifier(episode: Episode) -> None:
             said = verify.parse_verdict(episode.text(response, j))
             reward = 1.0 if said is not None and said == correct[i] else 0.0
             await episode.emit(verifier, f"verdict-{i}", response, j, reward)
+            episode.judged(verifier, response.weight_version, truth=correct[i], said=said)
 
 
 JUDGED_PER_EPISODE = 2

@@ -32,6 +32,7 @@ class Episode:
     _generate: Generate
     _emit: Emit
     rewards: dict[str, list[float]] = field(default_factory=dict)
+    judgements: list[tuple[str, int, bool, bool | None]] = field(default_factory=list)
 
     @property
     def group_size(self) -> int:
@@ -49,6 +50,11 @@ class Episode:
         """Send completion `index` of `response` with its reward to `policy`'s trainer."""
         self.rewards.setdefault(policy, []).append(reward)
         await self._emit(policy, f"{self.id}/{group}", response, index, reward)
+
+    def judged(self, policy: str, version: int, *, truth: bool, said: bool | None) -> None:
+        """Note that `policy` (at weight `version`) judged an answer: right or not, and what it
+        said (None: no verdict). The runner reports how well it judges (`judging`)."""
+        self.judgements.append((policy, version, truth, said))
 
     @staticmethod
     def text(response: GenerationResponse, index: int) -> str:

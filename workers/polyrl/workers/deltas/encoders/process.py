@@ -54,7 +54,11 @@ class ProcessEncoder:
     """An `Encoder` whose keyframes and deltas are made by a child process (see the module doc).
 
     `workers` is the codec's thread count in the child (None: the trainer's torch thread count,
-    as the codec would use in the trainer).
+    as the codec would use in the trainer). The child is spawned, so it imports the parent's
+    main module: a script that makes one must guard its entry point with
+    `if __name__ == "__main__":`, as for any spawned process (the trainer's is `-m`, guarded).
+    Unguarded, the child runs the script instead of serving, and encoding falls back to the
+    trainer with the error logged.
     """
 
     def __init__(self, *, workers: int | None = None) -> None:
