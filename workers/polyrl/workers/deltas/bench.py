@@ -24,6 +24,7 @@ Progress goes to stderr; the figures are returned (stdout is the CLI's).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import statistics
 import sys
@@ -43,6 +44,7 @@ from polyrl.testing.natsserver import NatsServer
 from polyrl.workers import runtime
 from polyrl.workers.deltas import measure
 from polyrl.workers.deltas.announce import WeightAnnouncement
+from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.deltas.netshape import ShapedProxy
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import ObjectMeta, WeightStore
@@ -68,12 +70,17 @@ def run(*, quick: bool) -> dict[str, Any]:
     # child process); for comparison, encoding on a thread, and torch's default pool of every core.
     trainer_threads = runtime.torch_threads()
     lr, many = LEARNING_RATES[""], 3 * steps
-    overhead = measure.encode_overhead(steps=many, train_threads=trainer_threads, lr=lr)
+    with contextlib.closing(ProcessEncoder()) as child:  # one child for the three
+        overhead = measure.encode_overhead(
+            steps=many, train_threads=trainer_threads, lr=lr, encoder=child
+        )
+        crowded = measure.encode_overhead(steps=many, lr=lr, encoder=child)
+        dense = measure.encode_overhead(
+            steps=many, train_threads=trainer_threads, lr=1e-5, encoder=child
+        )
     threaded = measure.encode_overhead(
         steps=many, train_threads=trainer_threads, lr=lr, encoder="thread"
     )
-    crowded = measure.encode_overhead(steps=many, lr=lr)
-    dense = measure.encode_overhead(steps=many, train_threads=trainer_threads, lr=1e-5)
     figures |= {
         "train_step_s": overhead["step_s"],
         "train_step_threads": int(overhead["train_threads"]),
