@@ -116,6 +116,7 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
     latest = await announce.latest(nc.jetstream(), names, "solver")
     assert latest is not None
     assert (latest.version, latest.epoch) == (3, 0)
+    assert latest.final  # its stop condition: workflows stop asking for its samples
     assert rollout.engine.version >= 1  # the rollout worker followed the trainer
     lines = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3]

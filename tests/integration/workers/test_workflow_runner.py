@@ -49,7 +49,9 @@ def spec(workflow: str) -> RLJobSpec:
     )
 
 
-async def publish_policy(js: object, names: JobNames, policy: str, tmp: Path) -> None:
+async def publish_policy(
+    js: object, names: JobNames, policy: str, tmp: Path, *, final: bool = False
+) -> None:
     model, tokenizer = models.make_model(
         ModelSource(path="tiny-llama://wf-test", dtype="float32"), cache_dir=tmp / "m"
     )
@@ -57,7 +59,7 @@ async def publish_policy(js: object, names: JobNames, policy: str, tmp: Path) ->
     await bundle.publish(js, names, policy, tmp / f"export-{policy}")  # type: ignore[arg-type]
     store = await WeightStore.open(js, names.weights_bucket(policy))  # type: ignore[arg-type]
     state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
-    await WeightPublisher(store, names, policy, keyframe_every=4).publish(state)
+    await WeightPublisher(store, names, policy, keyframe_every=4).publish(state, final=final)
     await store.close()
 
 
@@ -144,3 +146,33 @@ async def test_episodes_become_rewarded_trajectories_for_each_policy(
         }
         group = job.algorithm.group_size
         assert sum(r["judged"] for r in judged) == 2 * group * runner.episodes
+
+
+async def test_a_policy_whose_trainer_announced_its_final_version_is_marked_finished(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
+    await publish_policy(nc.jetstream(), names, "solver", tmp_path)
+    await publish_policy(nc.jetstream(), names, "verifier", tmp_path, final=True)
+    config = WorkerConfig(
+        namespace="t",
+        job=names.job,
+        role=Role.WORKFLOW,
+        nats_url=nats_server.url,
+        spec=spec("solver-verifier"),
+    )
+    rt = await Runtime.connect(config, "workflow-0")
+    runner = main.build_workflow(rt)
+    watcher = asyncio.create_task(runner._watch_finished())
+    try:
+        for _ in range(100):
+            if runner.finished:
+                break
+            await asyncio.sleep(0.1)
+        assert runner.finished == {"verifier"}  # the solver's trainer goes on
+    finally:
+        watcher.cancel()
+        await rt.close()
+        await nc.close()

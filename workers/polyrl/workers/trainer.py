@@ -294,14 +294,15 @@ class Leader:
             stream=self.rt.names.trajectories_stream(self.policy.name),
         )
 
-    async def publish_next(self) -> None:
-        """Publish the just-trained weights off the critical path (one in flight)."""
+    async def publish_next(self, *, final: bool = False) -> None:
+        """Publish the just-trained weights off the critical path (one in flight); `final`:
+        the last version, after which this trainer stops."""
         if self.publishing is not None:
             await self.publishing
         version = self.trainer.state.version + 1
         self.trainer.state.version = version
         self.publishing = asyncio.create_task(
-            self.publisher.publish(self.trainer.bf16(), version=version)
+            self.publisher.publish(self.trainer.bf16(), version=version, final=final)
         )
 
     def record(self, stats: dict[str, float], *, dropped: int, seconds: float) -> None:
@@ -369,7 +370,9 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         stats |= await asyncio.to_thread(evaluation.evaluate, trainer, spec)
         for msg in msgs:
             await msg.ack()
-        await leader.publish_next()
+        await leader.publish_next(
+            final=spec.stop.steps is not None and state.step >= spec.stop.steps
+        )
         if sync and leader.publishing is not None:
             await leader.publishing
         stats["wait_seconds"] = started - waiting

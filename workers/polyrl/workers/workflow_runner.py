@@ -41,6 +41,9 @@ class GenerationTimeout(RuntimeError):
     """No rollout worker answered a request after every retry."""
 
 
+FINISHED_POLL_SECONDS = 2.0
+
+
 class WorkflowRunner:
     def __init__(
         self,
@@ -67,6 +70,7 @@ class WorkflowRunner:
         self.failed = 0
         self.recent: dict[str, list[float]] = {}
         self.judging = JudgedAccuracy()
+        self.finished: set[str] = set()  # policies whose trainers are done
         metrics = os.environ.get("POLYRL_METRICS_FILE")
         self.metrics = Path(metrics) if metrics else None
         self.gate = self._sync_gate() if rt.config.spec.algorithm.mode == Mode.SYNC else None
@@ -85,11 +89,34 @@ class WorkflowRunner:
             versions[policy.name] = latest.version if latest is not None else 0
         return versions
 
+    async def _watch_finished(self) -> None:
+        """Note each policy whose trainer announced its final version (`Episode.finished`).
+
+        Its samples would go nowhere: on the quick start the verifier reaches its last step
+        minutes before the solver, and judging for it cost its rollout worker more than the
+        solver's own generation.
+        """
+        policies = [p.name for p in self.rt.config.spec.policies]
+        while not self.rt.stopping.is_set():
+            for policy in policies:
+                if policy not in self.finished:
+                    try:
+                        latest = await announce.latest(self.rt.js, self.rt.names, policy)
+                    except Exception as err:  # e.g. reconnecting: ask again next time
+                        log.debug("latest announcement of %s: %s", policy, err)
+                        continue
+                    if latest is not None and latest.final:
+                        log.info("%s's trainer is done: asking it for no more samples", policy)
+                        self.finished.add(policy)
+            await asyncio.sleep(FINISHED_POLL_SECONDS)
+
     async def run(self) -> None:
         await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
         self.rt.state = WorkerState.SERVING
         loops = [asyncio.create_task(self._loop(i)) for i in range(self.concurrency)]
+        watcher = asyncio.create_task(self._watch_finished())
         await self.rt.stopping.wait()
+        watcher.cancel()
         self.rt.state = WorkerState.DRAINING
         for index, task in enumerate(loops):  # not in an episode (sync mode's gate): stop now
             if index not in self.in_episode:
@@ -115,6 +142,7 @@ class WorkflowRunner:
                 rng=rng,
                 _generate=self._generate,
                 _emit=self._emit,
+                finished=frozenset(self.finished),
             )
             if self.gate is not None:
                 await self.gate.admit()

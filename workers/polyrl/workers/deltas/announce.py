@@ -47,6 +47,11 @@ class WeightAnnouncement(ApiModel):
     object: str = Field(description="Object name in the policy's weights bucket.")
     size: int = Field(ge=0, description="Object size in bytes.")
     checksum: str = Field(description="The object's Object Store digest, 'SHA-256=<base64>'.")
+    final: bool = Field(
+        False,
+        description="The trainer's last version: it reached its stop condition and trains no "
+        "more, so samples for this policy would be wasted (the workflow runner stops asking).",
+    )
 
 
 def message_id(announcement: WeightAnnouncement) -> str:

@@ -49,12 +49,13 @@ class WeightPublisher:
         return self.store.js
 
     async def publish(
-        self, state: Mapping[str, torch.Tensor], version: int | None = None
+        self, state: Mapping[str, torch.Tensor], version: int | None = None, *, final: bool = False
     ) -> list[WeightAnnouncement]:
         """Publish `state` as `version` (default: the next one); returns what was announced.
 
         A keyframe is written when one is due, and always for the first version published, so a
-        restarted trainer (a new epoch) gives replicas somewhere to start.
+        restarted trainer (a new epoch) gives replicas somewhere to start. `final` marks the
+        trainer's last version (`WeightAnnouncement.final`).
         """
         version = self._next(version)
         snapshot = self.encoder.snapshot(state, keep=self.published)
@@ -72,7 +73,7 @@ class WeightPublisher:
             )
             name = chain.delta_name(self.version, version)
             objects.append((name, ObjectKind.DELTA, self.version, blob))
-        announced = [await self._write(version, *obj) for obj in objects]
+        announced = [await self._write(version, *obj, final=final) for obj in objects]
         self.published, self.version = snapshot, version
         return announced
 
@@ -92,7 +93,14 @@ class WeightPublisher:
         return version
 
     async def _write(
-        self, version: int, name: str, kind: ObjectKind, base: int | None, blob: bytes
+        self,
+        version: int,
+        name: str,
+        kind: ObjectKind,
+        base: int | None,
+        blob: bytes,
+        *,
+        final: bool = False,
     ) -> WeightAnnouncement:
         meta = await self.store.put(name, blob)
         announcement = WeightAnnouncement(
@@ -104,6 +112,7 @@ class WeightPublisher:
             object=name,
             size=meta.size,
             checksum=meta.digest,
+            final=final,
         )
         await announce.publish(self.js, self.names, announcement)
         return announcement

@@ -31,6 +31,9 @@ class Episode:
     rng: random.Random
     _generate: Generate
     _emit: Emit
+    finished: frozenset[str] = frozenset()
+    """Policies whose trainers are done (their final version announced): a workflow should
+    ask them for no more samples, which would be wasted."""
     rewards: dict[str, list[float]] = field(default_factory=dict)
     judgements: list[tuple[str, int, bool, bool | None]] = field(default_factory=list)
 

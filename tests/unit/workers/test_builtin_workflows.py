@@ -1,0 +1,79 @@
+"""The built-in workflows over a real task, with the episode's two verbs recorded in memory.
+
+`Episode`'s verbs are injected (NATS in a run); recording them here shows which policies an
+episode asks and what it sends each trainer, which is all a workflow decides.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from polyrl.api.resources import RLJobSpec
+from polyrl.api.wire import Completion, GenerationResponse
+from polyrl.workers.tasks.loading import load_task
+from polyrl.workers.workflows import Episode
+from polyrl.workers.workflows.builtin import solver_verifier
+
+SPEC = RLJobSpec.model_validate(
+    {
+        "policies": [
+            {"name": name, "model": {"path": "tiny-llama://t"}} for name in ("solver", "verifier")
+        ],
+        "workflow": {"name": "solver-verifier", "task": {"name": "arithmetic"}},
+        "algorithm": {"groupSize": 4, "maxNewTokens": 3},
+    }
+)
+
+
+def episode(finished: frozenset[str]) -> tuple[Episode, list[str], list[tuple[str, float]]]:
+    asked: list[str] = []
+    sent: list[tuple[str, float]] = []
+
+    async def generate(policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
+        asked.append(policy)
+        texts = ["7", "12y", "99", "5n"] if policy == "verifier" else ["1", "2", "3", "4"]
+        completions = [
+            Completion(tokens=[1], logprobs=[-0.1], text=texts[i % 4], finish_reason="stop")
+            for i in range(n)
+        ]
+        return GenerationResponse(
+            id="r", pod="p", weight_version=3, prompt_tokens=[1], completions=completions
+        )
+
+    async def emit(
+        policy: str, group: str, response: GenerationResponse, index: int, reward: float
+    ) -> None:
+        sent.append((policy, reward))
+
+    made = Episode(
+        id="e",
+        spec=SPEC,
+        task=load_task(SPEC.workflow.task),
+        rng=random.Random(0),
+        _generate=generate,
+        _emit=emit,
+        finished=finished,
+    )
+    return made, asked, sent
+
+
+async def test_solver_verifier_asks_the_verifier_to_judge_two_answers() -> None:
+    made, asked, sent = episode(frozenset())
+    await solver_verifier(made)
+    assert asked == ["solver", "verifier", "verifier"]
+    assert [p for p, _ in sent] == ["solver"] * 4 + ["verifier"] * 8
+    assert len(made.judgements) == 8
+    assert {version for _, version, _, _ in made.judgements} == {3}
+
+
+@pytest.mark.parametrize("finished", [frozenset({"verifier"}), frozenset({"verifier", "x"})])
+async def test_once_the_verifiers_trainer_is_done_only_the_solver_is_asked(
+    finished: frozenset[str],
+) -> None:
+    made, asked, sent = episode(finished)
+    await solver_verifier(made)
+    assert asked == ["solver"]
+    assert [p for p, _ in sent] == ["solver"] * 4
+    assert made.judgements == []
