@@ -50,7 +50,7 @@ def spec(workflow: str) -> RLJobSpec:
 
 
 async def publish_policy(
-    js: object, names: JobNames, policy: str, tmp: Path, *, final: bool = False
+    js: object, names: JobNames, policy: str, tmp: Path, *, final: bool = False, epoch: int = 0
 ) -> None:
     model, tokenizer = models.make_model(
         ModelSource(path="tiny-llama://wf-test", dtype="float32"), cache_dir=tmp / "m"
@@ -59,7 +59,8 @@ async def publish_policy(
     await bundle.publish(js, names, policy, tmp / f"export-{policy}")  # type: ignore[arg-type]
     store = await WeightStore.open(js, names.weights_bucket(policy))  # type: ignore[arg-type]
     state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
-    await WeightPublisher(store, names, policy, keyframe_every=4).publish(state, final=final)
+    publisher = WeightPublisher(store, names, policy, keyframe_every=4, epoch=epoch)
+    await publisher.publish(state, final=final)
     await store.close()
 
 
@@ -172,6 +173,13 @@ async def test_a_policy_whose_trainer_announced_its_final_version_is_marked_fini
                 break
             await asyncio.sleep(0.1)
         assert runner.finished == {"verifier"}  # the solver's trainer goes on
+        # A trainer started again (a new epoch) publishes non-final versions: ask it again.
+        await publish_policy(nc.jetstream(), names, "verifier", tmp_path / "again", epoch=1)
+        for _ in range(100):
+            if not runner.finished:
+                break
+            await asyncio.sleep(0.1)
+        assert runner.finished == set()
     finally:
         watcher.cancel()
         await rt.close()

@@ -99,15 +99,18 @@ class WorkflowRunner:
         policies = [p.name for p in self.rt.config.spec.policies]
         while not self.rt.stopping.is_set():
             for policy in policies:
-                if policy not in self.finished:
-                    try:
-                        latest = await announce.latest(self.rt.js, self.rt.names, policy)
-                    except Exception as err:  # e.g. reconnecting: ask again next time
-                        log.debug("latest announcement of %s: %s", policy, err)
-                        continue
-                    if latest is not None and latest.final:
-                        log.info("%s's trainer is done: asking it for no more samples", policy)
-                        self.finished.add(policy)
+                try:
+                    latest = await announce.latest(self.rt.js, self.rt.names, policy)
+                except Exception as err:  # e.g. reconnecting: ask again next time
+                    log.debug("latest announcement of %s: %s", policy, err)
+                    continue
+                done = latest is not None and latest.final
+                if done and policy not in self.finished:
+                    log.info("%s's trainer is done: asking it for no more samples", policy)
+                    self.finished.add(policy)
+                elif not done and policy in self.finished:  # a trainer started again
+                    log.info("%s's trainer publishes again: asking it for samples", policy)
+                    self.finished.discard(policy)
             await asyncio.sleep(FINISHED_POLL_SECONDS)
 
     async def run(self) -> None:

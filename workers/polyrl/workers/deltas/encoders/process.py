@@ -116,8 +116,14 @@ class ProcessEncoder:
         process, self._process = self._process, None
         if process is None:
             return
-        with contextlib.suppress(OSError):  # already gone
-            self._conn.send(None)
+        # Under the lock, so the stop cannot interleave with a request another thread is
+        # sending; an encode that holds it too long is cut short by terminate below.
+        if self._lock.acquire(timeout=STOP_PATIENCE):
+            try:
+                with contextlib.suppress(OSError):  # already gone
+                    self._conn.send(None)
+            finally:
+                self._lock.release()
         process.join(STOP_PATIENCE)
         if process.is_alive():
             process.terminate()
@@ -163,13 +169,13 @@ class ProcessEncoder:
         The blob goes by `send_bytes` and not pickled with the status: a keyframe is the size of
         the model, and pickling would copy it once more on each side.
         """
+        process = self._process
         with self._lock:
             try:
                 self._conn.send(request)
                 status, value = self._conn.recv()
                 blob = self._conn.recv_bytes() if status == "blob" else None
             except (EOFError, OSError) as err:
-                process = self._process
                 raise EncoderDied(
                     f"the delta encoder process (pid {process.pid}) is gone "
                     f"(exit code {process.exitcode})"
