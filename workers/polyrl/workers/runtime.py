@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -47,10 +49,34 @@ def torch_threads() -> int:
     """torch's intra-op thread count for this worker: $POLYRL_TORCH_THREADS, default 1.
 
     One by default because a local run puts several workers on few cores, and because the
-    trainer encodes each weight delta on a thread beside its next step: with every core in
-    torch's pool, that thread stalls the whole step (docs/benchmarks.md, delta encoding).
+    trainer's delta encoder runs beside its next step, in a process of its own: with every core
+    in torch's pool, the step waits whenever the encoder takes one (docs/benchmarks.md, delta
+    encoding).
     """
     return int(os.environ.get(TORCH_THREADS_ENV, "1"))
+
+
+METRICS_FILE_ENV = "POLYRL_METRICS_FILE"
+
+
+class MetricsLog:
+    """The run's metrics JSONL ($POLYRL_METRICS_FILE, set by `polyrl run`), which trainers and
+    the workflow runner append to; without it, writing does nothing."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    @classmethod
+    def from_env(cls) -> MetricsLog:
+        path = os.environ.get(METRICS_FILE_ENV)
+        return cls(Path(path) if path else None)
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        """Append `records`, a line each (whole lines: readers skip a torn last one)."""
+        if self.path is None or not records:
+            return
+        with self.path.open("a") as out:
+            out.writelines(json.dumps(record) + "\n" for record in records)
 
 
 class ConfigError(RuntimeError):

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
-import json
 import logging
 import os
 import random
@@ -50,7 +49,13 @@ from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.runtime import ConfigError, Runtime, load_config, torch_threads
+from polyrl.workers.runtime import (
+    ConfigError,
+    MetricsLog,
+    Runtime,
+    load_config,
+    torch_threads,
+)
 
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = "trainer"
@@ -256,8 +261,7 @@ class Leader:
         self.encoder = ProcessEncoder()
         self.started = time.monotonic()  # reset once training starts (after the warm-up)
         self.waited = 0.0
-        metrics = os.environ.get("POLYRL_METRICS_FILE")
-        self.metrics = Path(metrics) if metrics else None
+        self.metrics = MetricsLog.from_env()
 
     async def start(self) -> Any:
         warmed = await asyncio.to_thread(evaluation.warm_start, self.trainer, self.rt.config.spec)
@@ -326,11 +330,7 @@ class Leader:
         )
 
     def write_metrics(self, figures: dict[str, Any]) -> None:
-        if self.metrics is None:
-            return
-        line = {"policy": self.policy.name, **figures, "time": time.time()}
-        with self.metrics.open("a") as out:
-            out.write(json.dumps(line) + "\n")
+        self.metrics.write([{"policy": self.policy.name, **figures, "time": time.time()}])
 
 
 async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
-import os
 import random
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -30,7 +27,7 @@ from polyrl.api.resources import Mode
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
 from polyrl.workers.deltas import announce
 from polyrl.workers.judging import JudgedAccuracy
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.runtime import MetricsLog, Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
 from polyrl.workers.workflows import Episode, Workflow
 
@@ -71,8 +68,7 @@ class WorkflowRunner:
         self.recent: dict[str, list[float]] = {}
         self.judging = JudgedAccuracy()
         self.finished: set[str] = set()  # policies whose trainers are done
-        metrics = os.environ.get("POLYRL_METRICS_FILE")
-        self.metrics = Path(metrics) if metrics else None
+        self.metrics = MetricsLog.from_env()
         self.gate = self._sync_gate() if rt.config.spec.algorithm.mode == Mode.SYNC else None
         self.started = time.monotonic()
         self.in_episode: set[int] = set()  # loops running an episode right now
@@ -184,9 +180,7 @@ class WorkflowRunner:
         """Judging figures into the run's metrics (beside the trainers' lines), and the log."""
         for record in records:
             log.info("judged %s", record)
-        if self.metrics is not None and records:
-            with self.metrics.open("a") as out:
-                out.writelines(json.dumps(record) + "\n" for record in records)
+        self.metrics.write(records)
 
     async def _generate(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
         temperature = self.rt.config.spec.algorithm.temperature
