@@ -53,21 +53,23 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
     )
 
 
+def is_verifier(policy: str, spec: Any) -> bool:
+    """Whether `policy` is the verifier: a solver-verifier workflow's second policy."""
+    return bool(spec.workflow.name == "solver-verifier" and policy == spec.policies[1].name)
+
+
 def room(policy: str, spec: Any) -> int:
     """`policy`'s generation budget: an answer's, plus the verdict for a verifier."""
-    tokens = spec.algorithm.max_new_tokens
-    if spec.workflow.name == "solver-verifier" and policy == spec.policies[1].name:
-        return verify.verifier_max_new_tokens(tokens)
-    return int(tokens)
+    tokens = int(spec.algorithm.max_new_tokens)
+    return verify.verifier_max_new_tokens(tokens) if is_verifier(policy, spec) else tokens
 
 
 def warmup_task(policy: str, spec: Any) -> Any:
     """What `policy` is warmed up on, or None if the workflow gives it nothing to learn from."""
-    names = [p.name for p in spec.policies]
     task = tasks.load_task(spec.workflow.task)
-    if policy == names[0]:
+    if policy == spec.policies[0].name:
         return task
-    if spec.workflow.name == "solver-verifier" and policy == names[1]:
+    if is_verifier(policy, spec):
         return verify.VerificationTask(task)
     return None
 
@@ -82,11 +84,10 @@ def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
     every = trainer.policy.trainer.eval_every
     if every == 0 or trainer.state.step % every:
         return {}
-    names = [p.name for p in spec.policies]
     task = tasks.load_task(spec.workflow.task)
     held_out = task.held_out()[:EVAL_PROBLEMS]
     torch.nn.Module.eval(trainer.model)
-    if trainer.policy.name == names[0]:
+    if trainer.policy.name == spec.policies[0].name:
         accuracy = warmup.greedy_accuracy(
             trainer.model,
             trainer.tokenizer,
@@ -95,7 +96,7 @@ def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
             reward=task.reward,
         )
         return {"accuracy": accuracy}
-    if spec.workflow.name == "solver-verifier" and trainer.policy.name == names[1]:
+    if is_verifier(trainer.policy.name, spec):
         balanced = warmup.verifier_balanced_accuracy(
             trainer.model,
             trainer.tokenizer,
