@@ -59,6 +59,11 @@ def parse_verdict(completion: str) -> bool | None:
     return None
 
 
+def verdict_reward(said: bool | None, right: bool) -> float:
+    """The verifier's reward: 1 for a verdict that agrees with the truth; no verdict is wrong."""
+    return 1.0 if said is not None and said == right else 0.0
+
+
 def truth(judged: base.Problem) -> bool:
     """Whether a verification problem's candidate is right (its target's verdict)."""
     return judged.answer.endswith(YES)
@@ -111,7 +116,7 @@ class VerificationTask:
         return self.judged(self.task.sample(rng), rng.random() < 0.5, rng)
 
     def reward(self, problem: base.Problem, completion: str) -> float:
-        return 1.0 if parse_verdict(completion) == truth(problem) else 0.0
+        return verdict_reward(parse_verdict(completion), truth(problem))
 
     def held_out(self) -> list[base.Problem]:
         """Each held-out problem of the task twice: with its answer and with a near miss."""

@@ -57,7 +57,7 @@ async def solver_verifier(episode: Episode) -> None:
     for i, response in zip(judged, responses, strict=True):
         for j in range(len(response.completions)):
             said = verify.parse_verdict(episode.text(response, j))
-            reward = 1.0 if said is not None and said == correct[i] else 0.0
+            reward = verify.verdict_reward(said, correct[i])
             await episode.emit(verifier, f"verdict-{i}", response, j, reward)
             episode.judged(verifier, response.weight_version, truth=correct[i], said=said)
 
