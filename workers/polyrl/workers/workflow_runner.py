@@ -78,12 +78,13 @@ class WorkflowRunner:
         batches = {p.name: p.trainer.batch_size for p in spec.policies}
         return RoundGate(per_runner_need(batches, spec.workflow.replicas), self._latest_versions)
 
+    async def _latest(self) -> dict[str, announce.WeightAnnouncement | None]:
+        """Every policy's newest weight announcement (None before its first)."""
+        names = [policy.name for policy in self.rt.config.spec.policies]
+        return {name: await announce.latest(self.rt.js, self.rt.names, name) for name in names}
+
     async def _latest_versions(self) -> dict[str, int]:
-        versions = {}
-        for policy in self.rt.config.spec.policies:
-            latest = await announce.latest(self.rt.js, self.rt.names, policy.name)
-            versions[policy.name] = latest.version if latest is not None else 0
-        return versions
+        return {p: a.version if a is not None else 0 for p, a in (await self._latest()).items()}
 
     async def _watch_finished(self) -> None:
         """Note each policy whose trainer announced its final version (`Episode.finished`).
@@ -92,14 +93,13 @@ class WorkflowRunner:
         minutes before the solver, and judging for it cost its rollout worker more than the
         solver's own generation.
         """
-        policies = [p.name for p in self.rt.config.spec.policies]
         while not self.rt.stopping.is_set():
-            for policy in policies:
-                try:
-                    latest = await announce.latest(self.rt.js, self.rt.names, policy)
-                except Exception as err:  # e.g. reconnecting: ask again next time
-                    log.debug("latest announcement of %s: %s", policy, err)
-                    continue
+            try:
+                announced = await self._latest()
+            except Exception as err:  # e.g. reconnecting: ask again next time
+                log.debug("latest announcements: %s", err)
+                announced = {}
+            for policy, latest in announced.items():
                 done = latest is not None and latest.final
                 if done and policy not in self.finished:
                     log.info("%s's trainer is done: asking it for no more samples", policy)

@@ -44,6 +44,7 @@ from polyrl.testing.natsserver import NatsServer
 from polyrl.workers import runtime
 from polyrl.workers.deltas import measure
 from polyrl.workers.deltas.announce import WeightAnnouncement
+from polyrl.workers.deltas.encoders.inline import InlineEncoder
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.deltas.netshape import ShapedProxy
 from polyrl.workers.deltas.publish import WeightPublisher
@@ -71,15 +72,11 @@ def run(*, quick: bool) -> dict[str, Any]:
     trainer_threads = runtime.torch_threads()
     lr, many = LEARNING_RATES[""], 3 * steps
     with contextlib.closing(ProcessEncoder()) as child:  # one child for the three
-        overhead = measure.encode_overhead(
-            steps=many, train_threads=trainer_threads, lr=lr, encoder=child
-        )
-        crowded = measure.encode_overhead(steps=many, lr=lr, encoder=child)
-        dense = measure.encode_overhead(
-            steps=many, train_threads=trainer_threads, lr=1e-5, encoder=child
-        )
+        overhead = measure.encode_overhead(child, steps=many, train_threads=trainer_threads, lr=lr)
+        crowded = measure.encode_overhead(child, steps=many, lr=lr)
+        dense = measure.encode_overhead(child, steps=many, train_threads=trainer_threads, lr=1e-5)
     threaded = measure.encode_overhead(
-        steps=many, train_threads=trainer_threads, lr=lr, encoder="thread"
+        InlineEncoder(), steps=many, train_threads=trainer_threads, lr=lr
     )
     figures |= {
         "train_step_s": overhead["step_s"],

@@ -31,8 +31,6 @@ import torch
 
 from polyrl.workers.deltas import decode, encode, format
 from polyrl.workers.deltas.encoders import Encoder
-from polyrl.workers.deltas.encoders.inline import InlineEncoder
-from polyrl.workers.deltas.encoders.process import ProcessEncoder
 
 COO_BYTES = 6
 
@@ -212,6 +210,7 @@ def _numel(state: State) -> int:
 
 
 def encode_overhead(
+    encoder: Encoder,
     steps: int = 10,
     hidden: int = 128,
     layers: int = 4,
@@ -219,27 +218,23 @@ def encode_overhead(
     seed: int = 0,
     train_threads: int | None = None,
     lr: float = 1e-6,
-    encoder: Encoder | str = "process",
 ) -> dict[str, float]:
     """What encoding a version's delta adds to a training step when it runs beside it.
 
     The trainer encodes version N while it trains step N+1 (DESIGN: off the critical path); on
     a machine with few cores the two still share the CPU. This times training steps of the tiny
     model alone and with the previous step's delta being encoded at the same time, interleaved,
-    and reports the medians and their ratio. `encoder` is where the encode runs: "process" (a
-    `ProcessEncoder`, as the trainer does) or "thread" (an `InlineEncoder` on a thread of this
-    process, which shares the GIL with the step; see `encoders`), or an encoder to reuse (a
-    child takes seconds to start), which the caller closes.
+    and reports the medians and their ratio. `encoder` is where the encode runs: a
+    `ProcessEncoder`, as the trainer does, or an `InlineEncoder`, run on a thread of this process
+    (it shares the GIL with the step; see `encoders`); the caller closes it, and may reuse a
+    child for several measurements (one takes seconds to start).
     `train_threads` is torch's intra-op thread count for the steps (default: unchanged). It
     matters: with every core in torch's pool, its threads wait for each other whenever the
     encode takes one core (measured on 2 cores with the thread encoder: +21-23 % against +4-6 %
     with one training thread; a busy loop on the second core alone: +350 % against +3 %).
     `lr` sets how much of the model changes per step (Adam; 1.3 % at 1e-6, 9 % at 1e-5).
     """
-    with contextlib.ExitStack() as stack, _torch_threads(train_threads) as count:
-        if isinstance(encoder, str):
-            made: Encoder = ProcessEncoder() if encoder == "process" else InlineEncoder()
-            encoder = stack.enter_context(contextlib.closing(made))
+    with _torch_threads(train_threads) as count:
         figures = _encode_beside_steps(encoder, steps, hidden, layers, vocab, seed, lr)
     return {**figures, "train_threads": count}
 
