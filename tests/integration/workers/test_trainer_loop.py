@@ -60,7 +60,9 @@ async def run_trainer(
         nats_url=nats_url,
         spec=job,
     )
-    t = trainer.Trainer(job.policies[0], job.algorithm, workdir=workdir)
+    # Built off the event loop: the model takes seconds, and the other workers this test runs
+    # on the same loop have NATS requests in flight with a 5 s timeout meanwhile.
+    t = await asyncio.to_thread(trainer.Trainer, job.policies[0], job.algorithm, workdir=workdir)
     rt = await Runtime.connect(config, "trainer-0")
     try:
         await trainer.run(rt, t, workdir)
