@@ -137,6 +137,7 @@ def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 BENCHMARKS = {
     "operator": "polyrl.operator.bench",
     "delta": "polyrl.workers.deltas.bench",
+    "engine": "polyrl.workers.engines.bench",
     "pipeline": "polyrl.local.bench",
 }
 

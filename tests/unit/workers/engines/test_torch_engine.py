@@ -4,6 +4,7 @@ as the model sees them, and weights() keeping tied parameters tied (the delta co
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from collections.abc import Iterator
 from typing import Any
@@ -143,6 +144,67 @@ def test_top_p_keeps_the_smallest_set_of_likely_tokens_reaching_the_mass() -> No
     assert torch_engine.top_p_mask(logits, 0.01).isfinite().tolist() == [
         [False, True, False, False]
     ]
+
+
+def bf16_llama(seed: int = 0) -> LlamaForCausalLM:
+    model = tiny_llama(seed)
+    torch.nn.Module.to(model, torch.bfloat16)
+    return model
+
+
+@torch.inference_mode()
+def float32_logprobs(
+    model: LlamaForCausalLM, prompt: list[int], generated: list[int]
+) -> torch.Tensor:
+    """Teacher-forced log-probs of `generated` from `model`'s weights upcast to float32."""
+    upcast = torch.nn.Module.to(copy.deepcopy(model), torch.float32)
+    logits = upcast(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return logprobs.gather(-1, torch.tensor(generated)[:, None])[:, 0]
+
+
+def test_a_bfloat16_model_on_cpu_computes_in_float32_and_serves_its_bfloat16_weights() -> None:
+    model = bf16_llama()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = torch_engine.TorchEngine(bf16_llama())
+    assert engine.compute_dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in engine.model.parameters())
+    # The codec patches the bfloat16 values the trainer sent, so they are what weights() holds.
+    assert not engine.weights_are_live
+    for name, tensor in engine.weights().items():
+        assert tensor.dtype == torch.bfloat16
+        assert torch.equal(tensor, expected[name])
+    prompt = [1, 2, 3]
+    [result] = engine.generate([prompt], SamplingParams(max_new_tokens=6, temperature=1, seed=0))
+    torch.testing.assert_close(
+        torch.tensor(result.logprobs), float32_logprobs(model, prompt, result.tokens),
+        atol=1e-4, rtol=0,
+    )  # fmt: skip
+
+
+def test_patched_bfloat16_weights_reach_the_float32_model_when_pushed() -> None:
+    engine = torch_engine.TorchEngine(bf16_llama(seed=0))
+    other = bf16_llama(seed=1)
+    params = SamplingParams(max_new_tokens=6, temperature=1, seed=0)
+    for name, tensor in engine.weights().items():  # the rollout worker's delta loop
+        tensor.copy_(other.state_dict()[name])
+    engine.load_weights(engine.weights())
+    [result] = engine.generate([[4, 5]], params)
+    torch.testing.assert_close(
+        torch.tensor(result.logprobs), float32_logprobs(other, [4, 5], result.tokens),
+        atol=1e-4, rtol=0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"got torch.float32\[32, 32\], engine has torch.bfloat16"):
+        engine.load_weights(tiny_llama(seed=2).state_dict())
+
+
+def test_an_explicit_compute_dtype_keeps_a_bfloat16_model_in_bfloat16() -> None:
+    engine = torch_engine.TorchEngine(bf16_llama(), compute_dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in engine.model.parameters())
+    assert engine.weights_are_live
+    assert torch_engine.default_compute_dtype("cpu", torch.float16) == torch.float32
+    assert torch_engine.default_compute_dtype("cuda", torch.bfloat16) == torch.bfloat16
+    assert torch_engine.default_compute_dtype("cpu", torch.float32) == torch.float32
 
 
 @pytest.mark.gpu

@@ -17,9 +17,11 @@ Two choices the rest of the system relies on:
 * **Weights are exchanged as host tensors named as in the trainer's state dict**, because that is
   what the sparse weight-delta codec patches (`deltas.decode.apply_delta` refuses anything but
   contiguous CPU tensors, and checks names and shapes against the trainer's). Where the engine
-  serves from exactly those tensors (the torch engine on CPU) the codec patches the live model and
-  nothing more is needed; elsewhere (a GPU, vLLM's fused layouts) `weights()` is a host copy the
-  engine owns, and the worker pushes it with `load_weights(engine.weights())` after patching.
+  serves from exactly those tensors (the torch engine on CPU computing in the weights' dtype) the
+  codec patches the live model and nothing more is needed; elsewhere (a GPU, vLLM's fused
+  layouts, bfloat16 weights the torch engine upcasts to float32 on CPU) `weights()` is a host
+  copy the engine owns, and the worker pushes it with `load_weights(engine.weights())` after
+  patching.
   `weights_are_live` says which; the worker's loop is the same either way.
 """
 

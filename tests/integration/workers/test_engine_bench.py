@@ -1,0 +1,22 @@
+"""`polyrl bench engine --quick` runs end to end and reports the figures docs/benchmarks.md uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from polyrl.workers.engines import bench
+
+
+@pytest.mark.slow
+def test_the_quick_engine_benchmark_compares_float32_and_bfloat16_arithmetic() -> None:
+    figures = bench.run(quick=True)
+    assert figures["batch"] == bench.PROMPTS * bench.GROUP
+    # Every sample writes at least its first token and at most NEW_TOKENS.
+    assert figures["batch"] <= figures["new_tokens"] <= figures["batch"] * bench.NEW_TOKENS
+    for key in ["seconds_float32", "seconds_bfloat16", "float32_vs_bfloat16"]:
+        assert isinstance(figures[key], float), key
+        assert figures[key] > 0, key
+    ratio = figures["seconds_bfloat16"] / figures["seconds_float32"]
+    assert figures["float32_vs_bfloat16"] == pytest.approx(ratio, rel=0.02)
+    # The same bfloat16 weights: the two arithmetics differ only by rounding.
+    assert 0 < figures["logprob_max_diff"] < 0.1
