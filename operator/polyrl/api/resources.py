@@ -91,6 +91,12 @@ class TrainerSpec(ApiModel):
     batch_size: int = Field(64, ge=1, description="Samples per optimizer step, over all ranks.")
     micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward pass.")
     optimizer: Optimizer = Field(default_factory=Optimizer, description="AdamW settings.")
+    updates_per_batch: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Optimizer steps taken on each batch (PPO's epochs), each clipped against the trainer's log-probs before the first. Generation usually takes longer than training, so a trainer that would wait for its next batch gets more out of this one instead; the job's steps still count batches.",
+    )
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
     warmup_steps: int = Field(
         0,

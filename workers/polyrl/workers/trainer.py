@@ -61,6 +61,14 @@ log = logging.getLogger("polyrl.trainer")
 CONSUMER = "trainer"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Fixed:
+    """A micro-batch's log-probs that stay fixed over its batch's updates."""
+
+    prox: torch.Tensor  # the trainer's own, before the batch's first update
+    reference: torch.Tensor | None  # the KL anchor's, when klCoef > 0
+
+
 class Trainer:
     """The model, its optimizer and one GRPO step (no I/O: testable on its own)."""
 
@@ -117,23 +125,39 @@ class Trainer:
         return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
 
     def step(self, samples: list[batching.Sample]) -> dict[str, float]:
-        """One optimizer step over this rank's share of `samples`."""
+        """`updatesPerBatch` optimizer steps over this rank's share of `samples`."""
         self.model.train()
         shard = batching.assign_advantages(samples)[self.rank :: self.world]
         batch = batching.collate(shard, int(self.tokenizer.pad_token_id or 0))
         # Token-mean over the whole step's tokens (every rank sees every sample), divided by
         # the world size because the gradient all-reduce averages over ranks.
-        step_tokens = sum(len(s.completion_ids) for s in samples) / self.world
+        step_tokens = max(1.0, sum(len(s.completion_ids) for s in samples) / self.world)
+        fixed: list[_Fixed] = []
+        for _ in range(self.policy.trainer.updates_per_batch):
+            stats = self._update(batch, step_tokens, fixed)
+        self.state.step += 1
+        stats["reward"] = float(batch.rewards.mean())
+        ages = [self.state.version - s.weight_version for s in samples]
+        stats["staleness"] = sum(ages) / len(ages)
+        return stats
+
+    def _update(
+        self, batch: batching.Batch, step_tokens: float, fixed: list[_Fixed]
+    ) -> dict[str, float]:
+        """One optimizer step over `batch`, micro-batch by micro-batch.
+
+        `fixed` holds what stays constant across a batch's updates, per micro-batch; the first
+        update fills it. Its log-probs are the PPO clip's anchor (`prox`), so later updates of
+        the same batch stay within the clip of the policy the batch started from.
+        """
         stats: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         micro = self.policy.trainer.micro_batch_size
-        for start in range(0, batch.input_ids.shape[0], micro):
+        for index, start in enumerate(range(0, batch.input_ids.shape[0], micro)):
             part = slice(start, start + micro)
             new = self._logprobs(self.model, batch, part)
-            reference = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    reference = self._logprobs(self.reference, batch, part)
+            if index == len(fixed):
+                fixed.append(_Fixed(new.detach(), self._reference_logprobs(batch, part)))
             loss, stats = grpo.grpo_loss(
                 new,
                 batch.old_logprobs[part],
@@ -142,10 +166,10 @@ class Trainer:
                 clip_low=self.algo.clip_low,
                 clip_high=self.algo.clip_high,
                 tis_cap=self.algo.tis_cap,
-                prox_logprobs=new.detach(),
-                num_tokens=max(1.0, step_tokens),
-                kl_coef=self.algo.kl_coef if reference is not None else 0.0,
-                ref_logprobs=reference,
+                prox_logprobs=fixed[index].prox,
+                num_tokens=step_tokens,
+                kl_coef=self.algo.kl_coef if fixed[index].reference is not None else 0.0,
+                ref_logprobs=fixed[index].reference,
             )
             loss.backward()  # type: ignore[no-untyped-call]
         self._average_gradients()
@@ -154,11 +178,13 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = scheduled_lr(self.state.step, settings.lr, settings.lr_warmup_steps)
         self.optimizer.step()
-        self.state.step += 1
-        stats["reward"] = float(batch.rewards.mean())
-        ages = [self.state.version - s.weight_version for s in samples]
-        stats["staleness"] = sum(ages) / len(ages)
         return stats
+
+    def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._logprobs(self.reference, batch, part)
 
     def _logprobs(self, model: Any, batch: batching.Batch, part: slice) -> torch.Tensor:
         """`model`'s log-probs of the completion tokens of rows `part`, at sampling temperature."""

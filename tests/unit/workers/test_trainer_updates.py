@@ -1,0 +1,96 @@
+"""`trainer.updatesPerBatch`: several optimizer steps per batch, clipped against the first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from polyrl.api.resources import RLJobSpec
+from polyrl.workers import batching, trainer
+
+
+def spec(updates: int) -> RLJobSpec:
+    return RLJobSpec.model_validate(
+        {
+            "policies": [
+                {
+                    "name": "solver",
+                    "model": {"path": "tiny-llama://updates-test"},
+                    "trainer": {
+                        "batchSize": 8,
+                        "microBatchSize": 4,
+                        "updatesPerBatch": updates,
+                        "optimizer": {"lr": 1e-2},
+                    },
+                }
+            ],
+            "algorithm": {"groupSize": 4},
+        }
+    )
+
+
+def make(workdir: Path, updates: int) -> trainer.Trainer:
+    job = spec(updates)
+    made = trainer.Trainer(job.policies[0], job.algorithm, workdir=workdir)
+    made.sync_from_leader()
+    return made
+
+
+def samples() -> list[batching.Sample]:
+    return [
+        batching.Sample(
+            prompt_ids=[1, 5 + i, 7],
+            completion_ids=[9 + i, 10, 11 + i % 2],
+            behaviour_logprobs=[-2.0, -2.1, -2.2],
+            reward=float(i % 2),
+            group_id=f"g{i // 4}",
+            weight_version=0,
+        )
+        for i in range(8)
+    ]
+
+
+def adam_steps(made: trainer.Trainer) -> set[float]:
+    return {float(state["step"]) for state in made.optimizer.state.values()}
+
+
+def test_each_batch_takes_updates_per_batch_optimizer_steps_and_counts_as_one_step(
+    tmp_path: Path,
+) -> None:
+    made = make(tmp_path, 3)
+    made.step(samples())
+    assert made.state.step == 1
+    assert adam_steps(made) == {3.0}
+    made.step(samples())
+    assert made.state.step == 2
+    assert adam_steps(made) == {6.0}
+
+
+def test_later_updates_measure_their_ratio_against_the_policy_before_the_first(
+    tmp_path: Path,
+) -> None:
+    # One update: the clip's anchor is the policy being optimised, so every ratio is 1.
+    assert make(tmp_path / "one", 1).step(samples())["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    # Three: the last update's ratio is to the log-probs before the first, which moved since.
+    stats = make(tmp_path / "three", 3).step(samples())
+    assert abs(stats["ratio_mean"] - 1.0) > 1e-4
+
+
+def test_more_updates_move_the_weights_further_from_the_same_start(tmp_path: Path) -> None:
+    start = make(tmp_path / "start", 1).model.state_dict()
+
+    def distance(updates: int) -> float:
+        made = make(tmp_path / str(updates), updates)
+        made.step(samples())
+        moved = made.model.state_dict()
+        return sum(float((moved[k] - start[k]).norm()) for k in start)
+
+    assert distance(3) > distance(1) > 0
+
+
+@pytest.mark.parametrize("updates", [0, 17])
+def test_updates_per_batch_outside_1_to_16_is_refused_naming_the_field(updates: int) -> None:
+    with pytest.raises(ValidationError, match=r"updates_per_batch|updatesPerBatch"):
+        spec(updates)
