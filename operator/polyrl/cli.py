@@ -35,8 +35,8 @@ def _run(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{job.metadata.name}-{stamp}"
     run = runner.LocalRun(job, run_dir)
-    steps = job.spec.stop.steps
-    total = steps * len(job.spec.policies) if steps else None
+    budgets = job.spec.all_steps()
+    total = sum(budgets.values()) if budgets else None
     runner.install_signal_handlers()
     code = 0
     columns = (

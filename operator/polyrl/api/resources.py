@@ -91,6 +91,11 @@ class TrainerSpec(ApiModel):
     batch_size: int = Field(64, ge=1, description="Samples per optimizer step, over all ranks.")
     micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward pass.")
     optimizer: Optimizer = Field(default_factory=Optimizer, description="AdamW settings.")
+    steps: int | None = Field(
+        None,
+        ge=1,
+        description="This policy's own number of training steps; the job's stop.steps when unset. A policy that learns faster, or costs more per step, can stop early and leave the machines to the others (async mode only).",
+    )
     updates_per_batch: int = Field(
         1,
         ge=1,
@@ -285,7 +290,24 @@ class NatsSpec(ApiModel):
     )
 
 
+_OWN_STEPS_MESSAGE = (
+    "a policy's trainer.steps needs algorithm.mode async: sync mode's rounds wait for every policy"
+)
+
+
 class RLJobSpec(ApiModel):
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.algorithm.mode != 'sync' || "
+                    "self.policies.all(p, !has(p.trainer.steps))",
+                    "message": _OWN_STEPS_MESSAGE,
+                }
+            ]
+        }
+    }
+
     image: str = Field(
         DEFAULT_IMAGE,
         min_length=1,
@@ -317,8 +339,28 @@ class RLJobSpec(ApiModel):
             raise ValueError(f"duplicate policy names: {', '.join(dupes)}")
         return self
 
+    @model_validator(mode="after")
+    def _own_steps_only_async(self) -> RLJobSpec:
+        own = any(p.trainer.steps is not None for p in self.policies)
+        if own and self.algorithm.mode == Mode.SYNC:
+            raise ValueError(_OWN_STEPS_MESSAGE)
+        return self
+
     def policy(self, name: str) -> PolicySpec | None:
         return next((p for p in self.policies if p.name == name), None)
+
+    def steps_of(self, policy: PolicySpec) -> int | None:
+        """How many steps `policy` trains: its own `trainer.steps`, else the job's stop.steps."""
+        return policy.trainer.steps if policy.trainer.steps is not None else self.stop.steps
+
+    def all_steps(self) -> dict[str, int] | None:
+        """Every policy's step budget, or None when some policy has none (it stops by time)."""
+        steps = {p.name: self.steps_of(p) for p in self.policies}
+        return (
+            {k: v for k, v in steps.items() if v is not None}
+            if None not in steps.values()
+            else None
+        )
 
 
 class PolicyStatus(ApiModel):

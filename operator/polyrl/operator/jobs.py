@@ -253,11 +253,7 @@ def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> Non
 
 def _stop_reached(p: JobPass) -> bool:
     stop = p.job.spec.stop
-    if (
-        stop.steps is not None
-        and p.status.policies
-        and all(x.step >= stop.steps for x in p.status.policies)
-    ):
+    if _steps_done(p):
         return True
     if stop.duration_seconds is not None and p.status.start_time:
         started = calendar.timegm(time.strptime(p.status.start_time, "%Y-%m-%dT%H:%M:%SZ"))
@@ -265,11 +261,24 @@ def _stop_reached(p: JobPass) -> bool:
     return False
 
 
+def _steps_done(p: JobPass) -> bool:
+    """Every policy reached its last step (its own trainer.steps, else stop.steps)."""
+    budgets = p.job.spec.all_steps()
+    reached = {x.name for x in p.status.policies if budgets and x.step >= budgets.get(x.name, 0)}
+    return bool(budgets) and reached >= set(budgets or ())
+
+
 def _stop_message(p: JobPass) -> str:
-    stop = p.job.spec.stop
-    if stop.steps is not None and all(x.step >= stop.steps for x in p.status.policies):
-        return f"every policy reached step {stop.steps}"
-    return f"ran for {stop.duration_seconds}s"
+    budgets = p.job.spec.all_steps()
+    if budgets and _steps_done(p):
+        if len(set(budgets.values())) == 1:
+            return f"every policy reached step {next(iter(budgets.values()))}"
+        return (
+            "every policy reached its last step ("
+            + ", ".join(f"{name} {steps}" for name, steps in budgets.items())
+            + ")"
+        )
+    return f"ran for {p.job.spec.stop.duration_seconds}s"
 
 
 def _end(p: JobPass, phase: Phase, reason: str, message: str) -> None:

@@ -86,6 +86,10 @@ def test_a_valid_job_is_accepted_and_defaulted(
         (job(metadata={"name": "Bad_Name"}), "a lowercase RFC 1123"),
         (job(metadata={"name": "x" * 46}), "job and policy names are too long"),
         (job(spec__policies__0__name="9lives"), "spec.policies[0].name"),
+        (
+            job(spec__algorithm={"mode": "sync"}, spec__policies__0__trainer={"steps": 10}),
+            "trainer.steps needs algorithm.mode async",
+        ),
     ],
     ids=[
         "replicas-outside-bounds",
@@ -97,6 +101,7 @@ def test_a_valid_job_is_accepted_and_defaulted(
         "not-dns",
         "child-name-too-long",
         "policy-not-dns-1035",
+        "own-steps-in-sync-mode",
     ],
 )
 def test_bad_manifests_are_rejected_with_a_readable_message(

@@ -31,7 +31,7 @@ from polyrl.workers.runtime import Runtime
 pytestmark = pytest.mark.slow
 
 
-def spec(workflow: str) -> RLJobSpec:
+def spec(workflow: str, mode: str = "async") -> RLJobSpec:
     policies = [
         {"name": name, "model": {"path": "tiny-llama://wf-test"}, "rollout": {"maxBatchSize": 16}}
         for name in ("solver", "verifier")
@@ -44,7 +44,7 @@ def spec(workflow: str) -> RLJobSpec:
                 "episodesInFlight": 2,
                 "task": {"name": "arithmetic", "params": {"digits": 1}},
             },
-            "algorithm": {"groupSize": 4, "maxNewTokens": 3},
+            "algorithm": {"groupSize": 4, "maxNewTokens": 3, "mode": mode},
         }
     )
 
@@ -149,14 +149,13 @@ async def test_episodes_become_rewarded_trajectories_for_each_policy(
         assert sum(r["judged"] for r in judged) == 2 * group * runner.episodes
 
 
-async def test_a_policy_whose_trainer_announced_its_final_version_is_marked_finished(
+async def test_the_runner_tracks_which_trainers_still_warm_up_and_which_are_done(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
     names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
     nc = await nats.connect(nats_server.url)
     await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
     await publish_policy(nc.jetstream(), names, "solver", tmp_path)
-    await publish_policy(nc.jetstream(), names, "verifier", tmp_path, final=True)
     config = WorkerConfig(
         namespace="t",
         job=names.job,
@@ -166,21 +165,43 @@ async def test_a_policy_whose_trainer_announced_its_final_version_is_marked_fini
     )
     rt = await Runtime.connect(config, "workflow-0")
     runner = main.build_workflow(rt)
-    watcher = asyncio.create_task(runner._watch_finished())
+    watcher = asyncio.create_task(runner._watch_trainers())
     try:
-        for _ in range(100):
-            if runner.finished:
-                break
-            await asyncio.sleep(0.1)
-        assert runner.finished == {"verifier"}  # the solver's trainer goes on
+        assert runner.warming == {"solver", "verifier"}  # nothing polled yet
+        await runner._poll_trainers()
+        # The verifier's trainer has announced nothing: it is still warming up.
+        assert (runner.warming, runner.finished) == ({"verifier"}, set())
+        await publish_policy(nc.jetstream(), names, "verifier", tmp_path / "v", final=True)
+        await runner._poll_trainers()
+        assert (runner.warming, runner.finished) == (set(), {"verifier"})  # the solver goes on
         # A trainer started again (a new epoch) publishes non-final versions: ask it again.
         await publish_policy(nc.jetstream(), names, "verifier", tmp_path / "again", epoch=1)
-        for _ in range(100):
-            if not runner.finished:
-                break
-            await asyncio.sleep(0.1)
-        assert runner.finished == set()
+        await runner._poll_trainers()
+        assert (runner.warming, runner.finished) == (set(), set())
     finally:
         watcher.cancel()
+        await rt.close()
+        await nc.close()
+
+
+async def test_in_sync_mode_no_trainer_counts_as_warming_since_rounds_wait_for_all(
+    nats_server: NatsServer,
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
+    config = WorkerConfig(
+        namespace="t",
+        job=names.job,
+        role=Role.WORKFLOW,
+        nats_url=nats_server.url,
+        spec=spec("solver-verifier", mode="sync"),
+    )
+    rt = await Runtime.connect(config, "workflow-0")
+    try:
+        runner = main.build_workflow(rt)
+        await runner._poll_trainers()  # nothing announced
+        assert runner.warming == set()
+    finally:
         await rt.close()
         await nc.close()

@@ -27,7 +27,9 @@ SPEC = RLJobSpec.model_validate(
 )
 
 
-def episode(finished: frozenset[str]) -> tuple[Episode, list[str], list[tuple[str, float]]]:
+def episode(
+    finished: frozenset[str], warming: frozenset[str] = frozenset()
+) -> tuple[Episode, list[str], list[tuple[str, float]]]:
     asked: list[str] = []
     sent: list[tuple[str, float]] = []
 
@@ -55,6 +57,7 @@ def episode(finished: frozenset[str]) -> tuple[Episode, list[str], list[tuple[st
         _generate=generate,
         _emit=emit,
         finished=finished,
+        warming=warming,
     )
     return made, asked, sent
 
@@ -77,3 +80,17 @@ async def test_once_the_verifiers_trainer_is_done_only_the_solver_is_asked(
     assert asked == ["solver"]
     assert [p for p, _ in sent] == ["solver"] * 4
     assert made.judgements == []
+
+
+async def test_while_the_verifiers_trainer_warms_up_only_the_solver_is_asked() -> None:
+    made, asked, sent = episode(frozenset(), warming=frozenset({"verifier"}))
+    await solver_verifier(made)
+    assert asked == ["solver"]
+    assert [p for p, _ in sent] == ["solver"] * 4
+    assert made.judgements == []
+
+
+async def test_a_warming_solver_is_still_asked_since_an_episode_cannot_go_without_it() -> None:
+    made, asked, _ = episode(frozenset(), warming=frozenset({"solver"}))
+    await solver_verifier(made)
+    assert asked == ["solver", "verifier", "verifier"]

@@ -375,7 +375,8 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
     sync = spec.algorithm.mode == Mode.SYNC
     # Sync mode trains only on the current version's samples, with nothing overlapped.
     max_staleness = 0 if sync else spec.algorithm.max_staleness
-    while not rt.stopping.is_set() and (spec.stop.steps is None or state.step < spec.stop.steps):
+    last_step = spec.steps_of(trainer.policy)  # None: until stopped (stop.durationSeconds)
+    while not rt.stopping.is_set() and (last_step is None or state.step < last_step):
         waiting = time.monotonic()
         trajectories, msgs, dropped = await pull_batch(
             rt,
@@ -396,9 +397,7 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         stats |= await asyncio.to_thread(evaluation.evaluate, trainer, spec)
         for msg in msgs:
             await msg.ack()
-        await leader.publish_next(
-            final=spec.stop.steps is not None and state.step >= spec.stop.steps
-        )
+        await leader.publish_next(final=last_step is not None and state.step >= last_step)
         if sync and leader.publishing is not None:
             await leader.publishing
         stats["wait_seconds"] = started - waiting

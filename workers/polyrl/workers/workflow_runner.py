@@ -38,7 +38,7 @@ class GenerationTimeout(RuntimeError):
     """No rollout worker answered a request after every retry."""
 
 
-FINISHED_POLL_SECONDS = 2.0
+TRAINERS_POLL_SECONDS = 2.0
 
 
 class WorkflowRunner:
@@ -68,6 +68,9 @@ class WorkflowRunner:
         self.recent: dict[str, list[float]] = {}
         self.judging = JudgedAccuracy()
         self.finished: set[str] = set()  # policies whose trainers are done
+        async_mode = rt.config.spec.algorithm.mode != Mode.SYNC
+        # policies whose trainers announced no weights yet (see `_poll_trainers`)
+        self.warming = {p.name for p in rt.config.spec.policies} if async_mode else set()
         self.metrics = MetricsLog.from_env()
         self.gate = self._sync_gate() if rt.config.spec.algorithm.mode == Mode.SYNC else None
         self.started = time.monotonic()
@@ -86,34 +89,47 @@ class WorkflowRunner:
     async def _latest_versions(self) -> dict[str, int]:
         return {p: a.version if a is not None else 0 for p, a in (await self._latest()).items()}
 
-    async def _watch_finished(self) -> None:
-        """Note each policy whose trainer announced its final version (`Episode.finished`).
-
-        Its samples would go nowhere: on the quick start the verifier reaches its last step
-        minutes before the solver, and judging for it cost its rollout worker more than the
-        solver's own generation.
-        """
+    async def _watch_trainers(self) -> None:
+        """Keep `finished` and `warming` current (`Episode.finished`, `Episode.warming`)."""
         while not self.rt.stopping.is_set():
-            try:
-                announced = await self._latest()
-            except Exception as err:  # e.g. reconnecting: ask again next time
-                log.debug("latest announcements: %s", err)
-                announced = {}
-            for policy, latest in announced.items():
-                done = latest is not None and latest.final
-                if done and policy not in self.finished:
-                    log.info("%s's trainer is done: asking it for no more samples", policy)
-                    self.finished.add(policy)
-                elif not done and policy in self.finished:  # a trainer started again
-                    log.info("%s's trainer publishes again: asking it for samples", policy)
-                    self.finished.discard(policy)
-            await asyncio.sleep(FINISHED_POLL_SECONDS)
+            await asyncio.sleep(TRAINERS_POLL_SECONDS)
+            await self._poll_trainers()
+
+    async def _poll_trainers(self) -> None:
+        """Note which trainers are done (final version announced) and which still warm up.
+
+        A done trainer's samples would go nowhere: on the quick start the verifier reaches its
+        last step minutes before the solver, and judging for it cost its rollout worker more
+        than the solver's own generation. A trainer that announced nothing yet is still in its
+        warm-up: an episode asking its policy would wait for it, and on the quick start that
+        held the solver's RL back by the 35 s the verifier's warm-up takes longer. Sync mode's
+        rounds wait for every policy anyway, so there no policy counts as warming.
+        """
+        try:
+            announced = await self._latest()
+        except Exception as err:  # e.g. reconnecting: ask again next time
+            log.debug("latest announcements: %s", err)
+            return
+        for policy, latest in announced.items():
+            if latest is None:
+                continue
+            if policy in self.warming:
+                log.info("%s's trainer announced its first weights: asking it for samples", policy)
+                self.warming.discard(policy)
+            done = latest.final
+            if done and policy not in self.finished:
+                log.info("%s's trainer is done: asking it for no more samples", policy)
+                self.finished.add(policy)
+            elif not done and policy in self.finished:  # a trainer started again
+                log.info("%s's trainer publishes again: asking it for samples", policy)
+                self.finished.discard(policy)
 
     async def run(self) -> None:
         await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
         self.rt.state = WorkerState.SERVING
+        await self._poll_trainers()  # so the first episodes already know
         loops = [asyncio.create_task(self._loop(i)) for i in range(self.concurrency)]
-        watcher = asyncio.create_task(self._watch_finished())
+        watcher = asyncio.create_task(self._watch_trainers())
         await self.rt.stopping.wait()
         watcher.cancel()
         self.rt.state = WorkerState.DRAINING
@@ -142,6 +158,7 @@ class WorkflowRunner:
                 _generate=self._generate,
                 _emit=self._emit,
                 finished=frozenset(self.finished),
+                warming=frozenset(self.warming),
             )
             if self.gate is not None:
                 await self.gate.admit()

@@ -5,8 +5,8 @@ the task's exact check. `solver-verifier`: the solver answers a group; for two o
 right and one wrong where there are both) the verifier is asked, a group of times, whether
 it is right (it writes its own working, then "y" or "n": `tasks.verify`). The solver is
 rewarded by the ground truth, the verifier for its verdict agreeing with it. Both policies learn
-from the same episode; once the verifier's trainer is done (`Episode.finished`), episodes stop
-asking it.
+from the same episode; while the verifier's trainer is still warming up, and once it is done,
+episodes do not ask it (`Episode.available`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ async def solver_verifier(episode: Episode) -> None:
         right = episode.task.reward(problem, episode.text(answers, i)) > 0.5
         correct.append(right)
         await episode.emit(solver, "answer", answers, i, 1.0 if right else 0.0)
-    if verifier in episode.finished:
-        return  # its trainer is done: its verdicts would be wasted
+    if not episode.available(verifier):
+        return  # its trainer is done (its verdicts would be wasted) or still warming up
     judged = balanced_pick(correct, episode.rng)
     responses = await asyncio.gather(
         *(

@@ -34,8 +34,18 @@ class Episode:
     finished: frozenset[str] = frozenset()
     """Policies whose trainers are done (their final version announced): a workflow should
     ask them for no more samples, which would be wasted."""
+    warming: frozenset[str] = frozenset()
+    """Policies whose trainers announced no weights yet (still warming up): asking them holds
+    the episode until they do. Always empty in sync mode, whose rounds wait for every policy."""
     rewards: dict[str, list[float]] = field(default_factory=dict)
     judgements: list[tuple[str, int, bool, bool | None]] = field(default_factory=list)
+
+    def available(self, policy: str) -> bool:
+        """Whether asking `policy` now is useful: its trainer has weights out and is not done.
+
+        For the parts of a workflow that can go without a policy (the verifier's verdicts),
+        not for the ones that cannot (the solver's answers): those should just ask."""
+        return policy not in self.finished and policy not in self.warming
 
     @property
     def group_size(self) -> int:
