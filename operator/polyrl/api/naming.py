@@ -90,6 +90,8 @@ class JobNames(ApiModel):
     def trajectories_stream(self, policy: str) -> str:
         return f"{self._dash}-{policy}-trajectories"
 
+    trainer_consumer: ClassVar[str] = "trainer"
+
     def weights_subject(self, policy: str) -> str:
         return f"{self.prefix}.{policy}.weights"
 

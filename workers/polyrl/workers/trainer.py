@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from polyrl.api.launch import WorkerConfig
 from polyrl.api.messages import WorkerState
+from polyrl.api.naming import JobNames
 from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, WeightSync
 from polyrl.api.wire import Trajectory
 from polyrl.workers import batching, bundle, checkpoint, evaluation, grpo, ranks
@@ -58,7 +59,7 @@ from polyrl.workers.runtime import (
 )
 
 log = logging.getLogger("polyrl.trainer")
-CONSUMER = "trainer"
+CONSUMER = JobNames.trainer_consumer
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -23,8 +23,10 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from polyrl.api.messages import WorkerState
+from polyrl.api.naming import JobNames
 from polyrl.api.resources import Mode
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
+from polyrl.workers.ahead import AheadGate
 from polyrl.workers.deltas import announce
 from polyrl.workers.judging import JudgedAccuracy
 from polyrl.workers.runtime import MetricsLog, Runtime
@@ -73,6 +75,7 @@ class WorkflowRunner:
         self.warming = {p.name for p in rt.config.spec.policies} if async_mode else set()
         self.metrics = MetricsLog.from_env()
         self.gate = self._sync_gate() if rt.config.spec.algorithm.mode == Mode.SYNC else None
+        self.ahead = self._ahead_gate() if async_mode else None
         self.started = time.monotonic()
         self.in_episode: set[int] = set()  # loops running an episode right now
 
@@ -80,6 +83,27 @@ class WorkflowRunner:
         spec = self.rt.config.spec
         batches = {p.name: p.trainer.batch_size for p in spec.policies}
         return RoundGate(per_runner_need(batches, spec.workflow.replicas), self._latest_versions)
+
+    def _ahead_gate(self) -> AheadGate:
+        spec = self.rt.config.spec
+        batches = {p.name: p.trainer.batch_size for p in spec.policies}
+        return AheadGate(
+            batches,
+            max_staleness=spec.algorithm.max_staleness,
+            backlog=self._backlog,
+            runners=spec.workflow.replicas,
+        )
+
+    async def _backlog(self, policy: str) -> int:
+        """Trajectories of `policy` its trainer has not acknowledged (0 if that is unknown)."""
+        try:
+            info = await self.rt.js.consumer_info(
+                self.rt.names.trajectories_stream(policy), JobNames.trainer_consumer
+            )
+        except Exception as err:  # no trainer consumer yet (warming up), or reconnecting
+            log.debug("backlog of %s: %s", policy, err)
+            return 0
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     async def _latest(self) -> dict[str, announce.WeightAnnouncement | None]:
         """Every policy's newest weight announcement (None before its first)."""
@@ -123,6 +147,8 @@ class WorkflowRunner:
             elif not done and policy in self.finished:  # a trainer started again
                 log.info("%s's trainer publishes again: asking it for samples", policy)
                 self.finished.discard(policy)
+        if self.ahead is not None:
+            self.ahead.finished = set(self.finished)
 
     async def run(self) -> None:
         await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
@@ -141,10 +167,12 @@ class WorkflowRunner:
             task.cancel()
         self._write_metrics(self.judging.flush())
         log.info(
-            "stopped: %d episodes done, %d failed, %d cut short",
+            "stopped: %d episodes done, %d failed, %d cut short; requests waited %.0f s in all "
+            "for trainers to catch up",
             self.episodes,
             self.failed,
             len(pending),
+            self.ahead.waited if self.ahead is not None else 0.0,
         )
 
     async def _loop(self, index: int) -> None:
@@ -159,6 +187,7 @@ class WorkflowRunner:
                 _emit=self._emit,
                 finished=frozenset(self.finished),
                 warming=frozenset(self.warming),
+                catching_up=self._catching_up(),
             )
             if self.gate is not None:
                 await self.gate.admit()
@@ -175,6 +204,14 @@ class WorkflowRunner:
                 self.in_episode.discard(index)
                 if self.gate is not None:
                     await self.gate.done({p: len(r) for p, r in episode.rewards.items()})
+
+    def _catching_up(self) -> frozenset[str]:
+        """Policies asked for all the samples their trainers can take within maxStaleness."""
+        if self.ahead is None:
+            return frozenset()
+        return frozenset(
+            p.name for p in self.rt.config.spec.policies if not self.ahead.has_room(p.name)
+        )
 
     def _record(self, episode: Episode) -> None:
         for policy, version, truth, said in episode.judgements:
@@ -200,6 +237,16 @@ class WorkflowRunner:
         self.metrics.write(records)
 
     async def _generate(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
+        """Ask `policy` for `n` samples, once it may be asked (`ahead`, async mode)."""
+        if self.ahead is None:
+            return await self._request(policy, prompt, n, max_new)
+        await self.ahead.reserve(policy, n)
+        try:
+            return await self._request(policy, prompt, n, max_new)
+        finally:
+            self.ahead.answered(policy, n)
+
+    async def _request(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
         temperature = self.rt.config.spec.algorithm.temperature
         for attempt in range(self.retries):
             rid = f"{self.rt.pod}-{next(self.counter)}-{attempt}"

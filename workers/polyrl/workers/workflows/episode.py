@@ -37,15 +37,19 @@ class Episode:
     warming: frozenset[str] = frozenset()
     """Policies whose trainers announced no weights yet (still warming up): asking them holds
     the episode until they do. Always empty in sync mode, whose rounds wait for every policy."""
+    catching_up: frozenset[str] = frozenset()
+    """Policies asked for as many samples as their trainers can take within maxStaleness
+    (async mode, `ahead`): asking them now holds the episode until their trainers catch up."""
     rewards: dict[str, list[float]] = field(default_factory=dict)
     judgements: list[tuple[str, int, bool, bool | None]] = field(default_factory=list)
 
     def available(self, policy: str) -> bool:
-        """Whether asking `policy` now is useful: its trainer has weights out and is not done.
+        """Whether asking `policy` now is useful: its trainer has weights out, is not done and
+        can take more samples within maxStaleness.
 
         For the parts of a workflow that can go without a policy (the verifier's verdicts),
         not for the ones that cannot (the solver's answers): those should just ask."""
-        return policy not in self.finished and policy not in self.warming
+        return not any(policy in s for s in (self.finished, self.warming, self.catching_up))
 
     @property
     def group_size(self) -> int:

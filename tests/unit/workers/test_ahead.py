@@ -1,0 +1,124 @@
+"""Async mode's bound on how far generation runs ahead of training (`ahead.AheadGate`)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from polyrl.workers.ahead import AheadGate
+
+
+class Backlogs:
+    """Each policy's unacknowledged trajectories, as the test sets them."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, int] = {}
+
+    async def __call__(self, policy: str) -> int:
+        return self.now.get(policy, 0)
+
+
+def gate(backlogs: Backlogs, *, max_staleness: int = 1, runners: int = 1) -> AheadGate:
+    return AheadGate(
+        {"solver": 256, "verifier": 128},
+        max_staleness=max_staleness,
+        backlog=backlogs,
+        runners=runners,
+        poll=0.005,
+    )
+
+
+async def test_a_policy_is_asked_while_its_queue_fits_max_staleness_plus_one_batches() -> None:
+    backlogs = Backlogs()
+    made = gate(backlogs, max_staleness=1)
+    for _ in range(64):  # 64 requests of 8 in flight: two batches
+        await asyncio.wait_for(made.reserve("solver", 8), 1)
+    assert not made.has_room("solver", 8)
+    assert made.has_room("verifier", 8)  # each policy has its own allowance
+    for _ in range(64):  # the answers came: now they wait in the trainer's stream
+        made.answered("solver", 8)
+    backlogs.now["solver"] = 512
+    waiting = asyncio.create_task(made.reserve("solver", 8))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the trainer has not taken a batch yet
+    backlogs.now["solver"] = 256  # it acknowledged one
+    await asyncio.wait_for(waiting, 1)
+    assert made.in_flight["solver"] == 8
+    assert made.waited > 0
+
+
+async def test_several_runners_count_the_shared_backlog_by_their_share() -> None:
+    backlogs = Backlogs()
+    backlogs.now["solver"] = 1000
+    alone, shared = gate(backlogs, runners=1), gate(backlogs, runners=4)
+    await asyncio.wait_for(shared.reserve("solver", 8), 1)  # 1000 / 4 + 8 <= 512
+    assert alone.has_room("solver", 8) is True  # nothing read yet
+    task = asyncio.create_task(alone.reserve("solver", 8))  # 1000 + 8 > 512
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    task.cancel()
+
+
+async def test_a_finished_policy_or_one_not_trained_here_is_never_waited_for() -> None:
+    backlogs = Backlogs()
+    backlogs.now["verifier"] = 10_000
+    made = gate(backlogs, max_staleness=0)
+    made.finished = {"verifier"}  # its trainer will not catch up
+    await asyncio.wait_for(made.reserve("verifier", 8), 1)
+    await asyncio.wait_for(made.reserve("judge", 1000), 1)  # no trainer of its own here
+
+
+async def test_a_request_larger_than_the_allowance_goes_once_nothing_is_queued() -> None:
+    made = gate(Backlogs(), max_staleness=0)
+    await asyncio.wait_for(made.reserve("verifier", 300), 1)
+    assert not made.has_room("verifier", 1)
+    made.answered("verifier", 300)
+    assert not made.has_room("verifier", 1)  # on their way into the trainer's stream
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(made.reserve("verifier", 300), 1)  # the trainer took them all
+
+
+@pytest.mark.parametrize(
+    ("max_staleness", "drop", "emit"), [(0, 0.0, 1.0), (1, 0.1, 1.0), (3, 0.0, 0.5)]
+)
+async def test_a_trainer_never_trains_a_sample_more_than_the_bound_late_and_never_starves(
+    max_staleness: int, drop: float, emit: float
+) -> None:
+    """Simulate the loop: requests answered at the trainer's current version, a share of the
+    answers emitted (a workflow may emit fewer samples than it asked for), the trainer taking
+    batches in order and dropping some samples. Whatever is lost, the trainer gets its six
+    batches (no deadlock), and no sample is trained more than the bound after it was asked."""
+    backlogs = Backlogs()
+    made = gate(backlogs, max_staleness=max_staleness)
+    queue: list[int] = []  # the versions at which the queued samples were asked for
+    version = 0
+    ages: list[int] = []
+    rng = random.Random(0)
+
+    async def generate() -> None:
+        while version < 6:
+            await made.reserve("solver", 8)
+            asked = version
+            await asyncio.sleep(0)
+            made.answered("solver", 8)
+            queue.extend(asked for _ in range(8) if rng.random() < emit)
+            backlogs.now["solver"] = len(queue)
+
+    async def train() -> None:
+        nonlocal version
+        while version < 6:
+            kept = [v for v in queue[:256] if rng.random() >= drop]
+            if len(queue) < 256:
+                await asyncio.sleep(0.001)
+                continue
+            ages.extend(version - v for v in kept)
+            await asyncio.sleep(0.002)  # the step; the batch stays unacknowledged
+            del queue[:256]
+            backlogs.now["solver"] = len(queue)
+            version += 1
+
+    await asyncio.wait_for(asyncio.gather(generate(), train()), 20)
+    assert version == 6
+    assert 0 <= max(ages) <= max_staleness
