@@ -122,3 +122,17 @@ async def test_a_trainer_never_trains_a_sample_more_than_the_bound_late_and_neve
     await asyncio.wait_for(asyncio.gather(generate(), train()), 20)
     assert version == 6
     assert 0 <= max(ages) <= max_staleness
+
+
+async def test_refresh_shows_room_again_for_a_policy_nobody_asks_while_it_has_none() -> None:
+    """The runner skips a policy without room, so `reserve` never reads its backlog: `refresh`
+    must, or the policy would stay without room for good."""
+    backlogs = Backlogs()
+    made = gate(backlogs, max_staleness=0)
+    backlogs.now["verifier"] = 128
+    await made.refresh()
+    assert not made.has_room("verifier")
+    backlogs.now["verifier"] = 0  # its trainer took the batch
+    await asyncio.sleep(0.01)
+    await made.refresh()
+    assert made.has_room("verifier")

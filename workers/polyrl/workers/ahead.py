@@ -91,6 +91,14 @@ class AheadGate:
         self.in_flight[policy] -= n
         self.unread[policy] += n
 
+    async def refresh(self) -> None:
+        """Read every policy's backlog (each at most once per `poll` seconds).
+
+        Whoever decides whether to ask a policy at all (`has_room`) must call this first: a
+        policy nobody asks never goes through `reserve`, which otherwise reads the backlog."""
+        for policy in self.limits:
+            await self._refresh(policy)
+
     async def _refresh(self, policy: str) -> None:
         """Read the backlog, at most once per `poll` seconds per policy."""
         if policy not in self.limits or policy in self.finished:

@@ -178,6 +178,8 @@ class WorkflowRunner:
     async def _loop(self, index: int) -> None:
         rng = random.Random(f"{self.rt.pod}/{index}/{self.rt.config.spec.workflow.task.seed}")
         while not self.rt.stopping.is_set():
+            if self.ahead is not None:
+                await self.ahead.refresh()  # for `catching_up`, below
             episode = Episode(
                 id=uuid.uuid4().hex[:16],
                 spec=self.rt.config.spec,
