@@ -39,15 +39,17 @@ def job_path() -> Path:
 
 
 def variant(job: RLJob, *, mode: str, steps: int, warmup: int | None) -> RLJob:
-    """The job in `mode`, stopping after `steps`; `warmup` overrides warm-up steps if given."""
+    """The job in `mode`, every policy stopping after `steps` (a policy's own trainer.steps is
+    dropped: both modes train the same steps, and sync mode refuses it); `warmup` overrides
+    warm-up steps if given."""
     doc = job.model_dump(by_alias=True, exclude_none=True)
     doc["metadata"]["name"] = f"{job.metadata.name}-{mode}"
     doc["spec"]["algorithm"]["mode"] = mode
     doc["spec"]["stop"] = {"steps": steps}
-    if warmup is not None:
-        for policy in doc["spec"]["policies"]:
-            if policy["trainer"].get("warmupSteps"):
-                policy["trainer"]["warmupSteps"] = warmup
+    for policy in doc["spec"]["policies"]:
+        policy["trainer"].pop("steps", None)
+        if warmup is not None and policy["trainer"].get("warmupSteps"):
+            policy["trainer"]["warmupSteps"] = warmup
     return RLJob.model_validate(doc)
 
 

@@ -205,3 +205,85 @@ async def test_in_sync_mode_no_trainer_counts_as_warming_since_rounds_wait_for_a
     finally:
         await rt.close()
         await nc.close()
+
+
+async def test_async_runs_ask_each_policy_only_while_its_trainer_can_take_more(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """maxStaleness 0 and batches of 8: the runner asks a policy for more only once the test,
+    acting as both trainers, acknowledges what is queued; and the verifier, which episodes skip
+    while it has no room, is asked again each time its trainer takes a batch."""
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("solver-verifier").model_copy(deep=True)
+    job.algorithm.max_staleness = 0
+    for spec_of in job.policies:
+        spec_of.trainer.batch_size = 8
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await natsconfig.ensure(js, names, ["solver", "verifier"])
+    trainers = {
+        policy: await js.pull_subscribe(
+            names.trajectories_subject(policy),
+            durable=JobNames.trainer_consumer,
+            stream=names.trajectories_stream(policy),
+        )
+        for policy in ("solver", "verifier")
+    }
+    runtimes, tasks = [], []
+    for policy in ("solver", "verifier"):
+        await publish_policy(js, names, policy, tmp_path)
+        config = WorkerConfig(
+            namespace="t", job=names.job, role=Role.ROLLOUT, policy=policy,
+            nats_url=nats_server.url, spec=job,
+        )  # fmt: skip
+        rt = await Runtime.connect(config, f"{policy}-rollout-0")
+        runtimes.append(rt)
+        tasks.append(asyncio.create_task((await main.build_rollout(rt, bundle_timeout=30)).run()))
+    config = WorkerConfig(
+        namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+    )
+    rt = await Runtime.connect(config, "workflow-0")
+    runtimes.append(rt)
+    runner = main.build_workflow(rt)
+    tasks.append(asyncio.create_task(runner.run()))
+
+    async def backlog(policy: str) -> int:
+        info = await js.consumer_info(names.trajectories_stream(policy), JobNames.trainer_consumer)
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
+    async def settled() -> dict[str, int]:
+        """Both backlogs once nothing more arrives for a second."""
+        last: dict[str, int] = {}
+        for _ in range(120):
+            await asyncio.sleep(1.0)
+            now = {policy: await backlog(policy) for policy in trainers}
+            if now == last and not any(runner.ahead.in_flight.values()):  # type: ignore[union-attr]
+                return now
+            last = now
+        raise AssertionError(f"the backlogs never settled: {last}")
+
+    verdicts = []
+    try:
+        for _ in range(6):  # six "steps" of both trainers
+            queued = await settled()
+            # A batch of answers, give or take one episode's group asked for while the backlog
+            # read was not yet current; verdicts only while the verifier had room when its
+            # episode began (episodes skip it otherwise), and never more than a batch and an
+            # episode's two verdict groups.
+            assert 8 <= queued["solver"] <= 8 + 4, queued
+            assert queued["verifier"] <= 8 + 8, queued
+            verdicts.append(queued["verifier"])
+            for policy, count in queued.items():
+                if count:
+                    for msg in await trainers[policy].fetch(count, timeout=10):
+                        await msg.ack()
+        # The verifier, skipped while it had no room, was asked again once it had: it got
+        # verdicts in several rounds, not only before its first batch was full.
+        assert sum(1 for count in verdicts if count) >= 3, verdicts
+    finally:
+        for r in runtimes:
+            r.stopping.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+        for r in runtimes:
+            await r.close()
+        await nc.close()
