@@ -34,6 +34,7 @@ LIMIT_SECONDS = 600
 def run_quickstart(tmp_path: Path, *, shuffle: bool) -> dict[str, list[dict[str, Any]]]:
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"]["algorithm"]["shuffleRewards"] = shuffle
+    tmp_path.mkdir(parents=True, exist_ok=True)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     run_dir = tmp_path / "run"
