@@ -142,10 +142,10 @@ class WorkflowRunner:
                 self.warming.discard(policy)
             done = latest.final
             if done and policy not in self.finished:
-                log.info("%s's trainer is done: asking it for no more samples", policy)
+                log.info("%s's trainer is done (its final version announced)", policy)
                 self.finished.add(policy)
             elif not done and policy in self.finished:  # a trainer started again
-                log.info("%s's trainer publishes again: asking it for samples", policy)
+                log.info("%s's trainer publishes again", policy)
                 self.finished.discard(policy)
         if self.ahead is not None:
             self.ahead.finished = set(self.finished)

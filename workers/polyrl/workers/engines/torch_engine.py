@@ -33,7 +33,7 @@ class TorchEngine:
 
     `compute_dtype` is the dtype the model computes in; by default its own, except on CPU,
     where bfloat16 and float16 models compute in float32. CPUs without native bfloat16 matrix
-    units emulate it: the quick start's policy generated 5-6x faster in float32 on this
+    units emulate it: the quick start's policy generated about 5x faster in float32 on this
     project's 2-core machines (`polyrl bench engine`). Upcasting is exact, so the served
     weights stay the trainer's bfloat16 values: `weights()` are then a host copy in the model's
     own dtype (what the delta codec patches), pushed into the float32 model by `load_weights`.
