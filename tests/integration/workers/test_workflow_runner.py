@@ -10,6 +10,7 @@ import asyncio
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -27,6 +28,7 @@ from polyrl.workers import model as models
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.runtime import Runtime
+from polyrl.workers.workflow_runner import WorkflowRunner
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +66,27 @@ async def publish_policy(
     await store.close()
 
 
+async def start_workers(
+    url: str, js: object, names: JobNames, job: RLJobSpec, tmp_path: Path
+) -> tuple[list[Runtime], list[asyncio.Task[Any]], WorkflowRunner]:
+    """A rollout worker per policy (its weights published first) and a running workflow runner."""
+    runtimes, tasks = [], []
+    for policy in ("solver", "verifier"):
+        await publish_policy(js, names, policy, tmp_path)
+        config = WorkerConfig(
+            namespace="t", job=names.job, role=Role.ROLLOUT, policy=policy, nats_url=url, spec=job
+        )
+        rt = await Runtime.connect(config, f"{policy}-rollout-0")
+        runtimes.append(rt)
+        tasks.append(asyncio.create_task((await main.build_rollout(rt, bundle_timeout=30)).run()))
+    config = WorkerConfig(namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=url, spec=job)
+    rt = await Runtime.connect(config, "workflow-0")
+    runtimes.append(rt)
+    runner = main.build_workflow(rt)
+    tasks.append(asyncio.create_task(runner.run()))
+    return runtimes, tasks, runner
+
+
 async def collect(nc: NatsClient, names: JobNames, policy: str, count: int) -> list[Trajectory]:
     sub = await nc.jetstream().subscribe(names.trajectories_subject(policy))
     got = [
@@ -83,27 +106,9 @@ async def test_episodes_become_rewarded_trajectories_for_each_policy(
     job = spec(workflow)
     nc = await nats.connect(nats_server.url)
     await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
-    runtimes, tasks = [], []
-    for policy in ("solver", "verifier"):
-        await publish_policy(nc.jetstream(), names, policy, tmp_path)
-        config = WorkerConfig(
-            namespace="t",
-            job=names.job,
-            role=Role.ROLLOUT,
-            policy=policy,
-            nats_url=nats_server.url,
-            spec=job,
-        )
-        rt = await Runtime.connect(config, f"{policy}-rollout-0")
-        runtimes.append(rt)
-        tasks.append(asyncio.create_task((await main.build_rollout(rt, bundle_timeout=30)).run()))
-    config = WorkerConfig(
-        namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+    runtimes, tasks, runner = await start_workers(
+        nats_server.url, nc.jetstream(), names, job, tmp_path
     )
-    rt = await Runtime.connect(config, "workflow-0")
-    runtimes.append(rt)
-    runner = main.build_workflow(rt)
-    tasks.append(asyncio.create_task(runner.run()))
     try:
         solver = await collect(nc, names, "solver", 8)
         assert {t.policy for t in solver} == {"solver"}
@@ -229,23 +234,7 @@ async def test_async_runs_ask_each_policy_only_while_its_trainer_can_take_more(
         )
         for policy in ("solver", "verifier")
     }
-    runtimes, tasks = [], []
-    for policy in ("solver", "verifier"):
-        await publish_policy(js, names, policy, tmp_path)
-        config = WorkerConfig(
-            namespace="t", job=names.job, role=Role.ROLLOUT, policy=policy,
-            nats_url=nats_server.url, spec=job,
-        )  # fmt: skip
-        rt = await Runtime.connect(config, f"{policy}-rollout-0")
-        runtimes.append(rt)
-        tasks.append(asyncio.create_task((await main.build_rollout(rt, bundle_timeout=30)).run()))
-    config = WorkerConfig(
-        namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
-    )
-    rt = await Runtime.connect(config, "workflow-0")
-    runtimes.append(rt)
-    runner = main.build_workflow(rt)
-    tasks.append(asyncio.create_task(runner.run()))
+    runtimes, tasks, runner = await start_workers(nats_server.url, js, names, job, tmp_path)
 
     async def backlog(policy: str) -> int:
         info = await js.consumer_info(names.trajectories_stream(policy), JobNames.trainer_consumer)

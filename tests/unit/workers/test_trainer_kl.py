@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tests.unit.workers.trainer_batches import two_groups
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers import batching, trainer
+from polyrl.workers import trainer
 
 
 def make(workdir: Path, kl_coef: float) -> trainer.Trainer:
@@ -28,20 +29,6 @@ def make(workdir: Path, kl_coef: float) -> trainer.Trainer:
     return made
 
 
-def samples() -> list[batching.Sample]:
-    return [
-        batching.Sample(
-            prompt_ids=[1, 5 + i, 7],
-            completion_ids=[9 + i, 10, 11 + i % 2],
-            behaviour_logprobs=[-2.0, -2.1, -2.2],
-            reward=float(i % 2),
-            group_id=f"g{i // 4}",
-            weight_version=0,
-        )
-        for i in range(8)
-    ]
-
-
 def weights(module: torch.nn.Module | None) -> dict[str, torch.Tensor]:
     assert module is not None
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -50,14 +37,14 @@ def weights(module: torch.nn.Module | None) -> dict[str, torch.Tensor]:
 def test_without_a_kl_coefficient_there_is_no_reference_model(tmp_path: Path) -> None:
     plain = make(tmp_path, 0.0)
     assert plain.reference is None
-    assert plain.step(samples())["kl_mean"] == 0.0
+    assert plain.step(two_groups())["kl_mean"] == 0.0
 
 
 def test_the_kl_term_measures_the_distance_from_the_starting_policy(tmp_path: Path) -> None:
     anchored = make(tmp_path, 0.1)
     start = weights(anchored.model)
-    first = anchored.step(samples())  # the policy still is the reference here
-    second = anchored.step(samples())
+    first = anchored.step(two_groups())  # the policy still is the reference here
+    second = anchored.step(two_groups())
     assert abs(first["kl_mean"]) < 1e-6
     assert second["kl_mean"] > 1e-6
     assert all(torch.equal(start[k], v) for k, v in weights(anchored.reference).items())
@@ -69,7 +56,7 @@ def test_a_resumed_trainer_keeps_the_anchor_rather_than_its_resumed_weights(
 ) -> None:
     first = make(tmp_path, 0.1)
     for _ in range(2):
-        first.step(samples())
+        first.step(two_groups())
     first.save()
     resumed = make(tmp_path, 0.1)
     assert resumed.state.step == 2

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from tests.unit.workers.trainer_batches import two_groups
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers import batching, trainer
+from polyrl.workers import trainer
 
 
 def spec(updates: int) -> RLJobSpec:
@@ -38,20 +39,6 @@ def make(workdir: Path, updates: int) -> trainer.Trainer:
     return made
 
 
-def samples() -> list[batching.Sample]:
-    return [
-        batching.Sample(
-            prompt_ids=[1, 5 + i, 7],
-            completion_ids=[9 + i, 10, 11 + i % 2],
-            behaviour_logprobs=[-2.0, -2.1, -2.2],
-            reward=float(i % 2),
-            group_id=f"g{i // 4}",
-            weight_version=0,
-        )
-        for i in range(8)
-    ]
-
-
 def adam_steps(made: trainer.Trainer) -> set[float]:
     return {float(state["step"]) for state in made.optimizer.state.values()}
 
@@ -60,10 +47,10 @@ def test_each_batch_takes_updates_per_batch_optimizer_steps_and_counts_as_one_st
     tmp_path: Path,
 ) -> None:
     made = make(tmp_path, 3)
-    made.step(samples())
+    made.step(two_groups())
     assert made.state.step == 1
     assert adam_steps(made) == {3.0}
-    made.step(samples())
+    made.step(two_groups())
     assert made.state.step == 2
     assert adam_steps(made) == {6.0}
 
@@ -72,9 +59,11 @@ def test_later_updates_measure_their_ratio_against_the_policy_before_the_first(
     tmp_path: Path,
 ) -> None:
     # One update: the clip's anchor is the policy being optimised, so every ratio is 1.
-    assert make(tmp_path / "one", 1).step(samples())["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert make(tmp_path / "one", 1).step(two_groups())["ratio_mean"] == pytest.approx(
+        1.0, abs=1e-6
+    )
     # Three: the last update's ratio is to the log-probs before the first, which moved since.
-    stats = make(tmp_path / "three", 3).step(samples())
+    stats = make(tmp_path / "three", 3).step(two_groups())
     assert abs(stats["ratio_mean"] - 1.0) > 1e-4
 
 
@@ -83,7 +72,7 @@ def test_more_updates_move_the_weights_further_from_the_same_start(tmp_path: Pat
 
     def distance(updates: int) -> float:
         made = make(tmp_path / str(updates), updates)
-        made.step(samples())
+        made.step(two_groups())
         moved = made.model.state_dict()
         return sum(float((moved[k] - start[k]).norm()) for k in start)
 
