@@ -87,6 +87,14 @@ async def start_workers(
     return runtimes, tasks, runner
 
 
+async def stop_workers(runtimes: list[Runtime], tasks: list[asyncio.Task[Any]]) -> None:
+    for r in runtimes:
+        r.stopping.set()
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+    for r in runtimes:
+        await r.close()
+
+
 async def collect(nc: NatsClient, names: JobNames, policy: str, count: int) -> list[Trajectory]:
     sub = await nc.jetstream().subscribe(names.trajectories_subject(policy))
     got = [
@@ -131,11 +139,7 @@ async def test_episodes_become_rewarded_trajectories_for_each_policy(
                 break
             await asyncio.sleep(0.1)
     finally:
-        for r in runtimes:
-            r.stopping.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
-        for r in runtimes:
-            await r.close()
+        await stop_workers(runtimes, tasks)
         await nc.close()
     assert runner.episodes >= 2
     assert workflows.load_workflow(workflow) is not None
@@ -270,9 +274,5 @@ async def test_async_runs_ask_each_policy_only_while_its_trainer_can_take_more(
         # verdicts in several rounds, not only before its first batch was full.
         assert sum(1 for count in verdicts if count) >= 3, verdicts
     finally:
-        for r in runtimes:
-            r.stopping.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
-        for r in runtimes:
-            await r.close()
+        await stop_workers(runtimes, tasks)
         await nc.close()
