@@ -355,12 +355,13 @@ class RLJobSpec(ApiModel):
 
     def all_steps(self) -> dict[str, int] | None:
         """Every policy's step budget, or None when some policy has none (it stops by time)."""
-        steps = {p.name: self.steps_of(p) for p in self.policies}
-        return (
-            {k: v for k, v in steps.items() if v is not None}
-            if None not in steps.values()
-            else None
-        )
+        steps = {}
+        for policy in self.policies:
+            last = self.steps_of(policy)
+            if last is None:
+                return None
+            steps[policy.name] = last
+        return steps
 
 
 class PolicyStatus(ApiModel):

@@ -264,8 +264,10 @@ def _stop_reached(p: JobPass) -> bool:
 def _steps_done(p: JobPass) -> bool:
     """Every policy reached its last step (its own trainer.steps, else stop.steps)."""
     budgets = p.job.spec.all_steps()
-    reached = {x.name for x in p.status.policies if budgets and x.step >= budgets.get(x.name, 0)}
-    return bool(budgets) and reached >= set(budgets or ())
+    if not budgets:
+        return False
+    steps = {x.name: x.step for x in p.status.policies}
+    return all(name in steps and steps[name] >= last for name, last in budgets.items())
 
 
 def _stop_message(p: JobPass) -> str:
