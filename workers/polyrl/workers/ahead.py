@@ -30,6 +30,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Set as AbstractSet
 
 Backlog = Callable[[str], Awaitable[int]]
 """A policy's trajectories its trainer has not acknowledged yet."""
@@ -46,6 +47,7 @@ class AheadGate:
         backlog: Backlog,
         runners: int = 1,
         poll: float = 0.1,
+        finished: AbstractSet[str] = frozenset(),
     ) -> None:
         self.limits = {p: (max_staleness + 1) * b for p, b in batches.items()}
         self.backlog = backlog
@@ -55,7 +57,7 @@ class AheadGate:
         self.checked: dict[str, float] = {}
         self.in_flight: Counter[str] = Counter()
         self.unread: Counter[str] = Counter()  # answered since the backlog was last read
-        self.finished: set[str] = set()
+        self.finished = finished  # read, never changed: the runner's own set, kept current
         self.waited = 0.0  # seconds requests waited for room, summed over requests
         self._locks: dict[str, asyncio.Lock] = {}
 

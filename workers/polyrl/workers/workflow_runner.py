@@ -92,6 +92,7 @@ class WorkflowRunner:
             max_staleness=spec.algorithm.max_staleness,
             backlog=self._backlog,
             runners=spec.workflow.replicas,
+            finished=self.finished,
         )
 
     async def _backlog(self, policy: str) -> int:
@@ -147,8 +148,6 @@ class WorkflowRunner:
             elif not done and policy in self.finished:  # a trainer started again
                 log.info("%s's trainer publishes again", policy)
                 self.finished.discard(policy)
-        if self.ahead is not None:
-            self.ahead.finished = set(self.finished)
 
     async def run(self) -> None:
         await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
