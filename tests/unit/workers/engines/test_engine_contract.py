@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.unit.workers.engines.teacher_forcing import teacher_forced_logprobs
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from polyrl.workers import engines
@@ -106,16 +107,6 @@ def greedy_reference(model: LlamaForCausalLM, prompt: list[int], new_tokens: int
         logits = model(torch.tensor([tokens]), use_cache=False).logits[0, -1]
         tokens.append(int(logits.argmax()))
     return tokens[len(prompt) :]
-
-
-@torch.inference_mode()
-def teacher_forced_logprobs(
-    model: LlamaForCausalLM, prompt: list[int], generated: list[int], temperature: float
-) -> torch.Tensor:
-    ids = torch.tensor([prompt + generated], device=model.device)
-    logits = model(ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float()
-    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    return logprobs.gather(-1, torch.tensor(generated, device=model.device)[:, None])[:, 0].cpu()
 
 
 @torch.inference_mode()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.unit.workers.engines.teacher_forcing import teacher_forced_logprobs
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from polyrl.workers import engines
@@ -152,15 +153,12 @@ def bf16_llama(seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
-@torch.inference_mode()
 def float32_logprobs(
     model: LlamaForCausalLM, prompt: list[int], generated: list[int]
 ) -> torch.Tensor:
     """Teacher-forced log-probs of `generated` from `model`'s weights upcast to float32."""
     upcast = torch.nn.Module.to(copy.deepcopy(model), torch.float32)
-    logits = upcast(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
-    logprobs = torch.log_softmax(logits, dim=-1)
-    return logprobs.gather(-1, torch.tensor(generated)[:, None])[:, 0]
+    return teacher_forced_logprobs(upcast, prompt, generated, 1.0)
 
 
 def test_a_bfloat16_model_on_cpu_computes_in_float32_and_serves_its_bfloat16_weights() -> None:

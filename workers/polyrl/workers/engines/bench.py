@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from polyrl.api.resources import ModelSource, TaskSpec
+from polyrl.workers import batching, tasks
 from polyrl.workers import model as models
-from polyrl.workers import tasks
 from polyrl.workers.engines.base import Generation, SamplingParams
 from polyrl.workers.engines.torch_engine import TorchEngine
 
@@ -93,12 +93,12 @@ def _logprob_gap(
     gaps = []
     for row in range(0, len(prompts), GROUP):  # one sample per prompt is enough
         ids = torch.tensor([prompts[row] + generated[row].tokens])
-        start = len(prompts[row]) - 1
-        scores = []
-        for engine in engines.values():
-            with torch.inference_mode():
-                logits = engine.model(input_ids=ids).logits[0, start:-1].float()
-            logprobs = torch.log_softmax(logits / TEMPERATURE, dim=-1)
-            scores.append(logprobs.gather(-1, ids[0, start + 1 :, None])[:, 0])
-        gaps.append(float((scores[0] - scores[1]).abs().max()))
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[0, len(prompts[row]) :] = True
+        with torch.inference_mode():
+            first, second = (
+                batching.token_logprobs(engine.model(input_ids=ids).logits, ids, mask, TEMPERATURE)
+                for engine in engines.values()
+            )
+        gaps.append(float((first - second).abs().max()))
     return max(gaps)
