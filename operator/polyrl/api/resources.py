@@ -41,6 +41,14 @@ class Mode(enum.StrEnum):
     SYNC = "sync"
 
 
+class UniformGroups(enum.StrEnum):
+    """What a policy's trainer does with groups whose samples all got the same reward."""
+
+    KEEP = "keep"
+    SKIP = "skip"
+    REFILL = "refill"
+
+
 class Phase(enum.StrEnum):
     """Lifecycle of an RLJob or PolicyGroup, shown in `kubectl get`."""
 
@@ -101,6 +109,10 @@ class TrainerSpec(ApiModel):
         ge=1,
         le=16,
         description="Optimizer steps taken on each batch (PPO's epochs), each clipped against the trainer's log-probs before the first. Generation usually takes longer than training, so a trainer that would wait for its next batch gets more out of this one instead; the job's steps still count batches.",
+    )
+    uniform_groups: UniformGroups = Field(
+        UniformGroups.KEEP,
+        description="Groups whose samples all got the same reward (all right, or all wrong) have zero GRPO advantages: they cost compute but add no policy gradient (only the KL term's pull, when klCoef > 0). keep: train on them anyway. skip: the trainer leaves them out of each batch and averages the loss over the other samples' tokens. refill (async mode; skip in sync mode): the workflow runner does not send them (at most 5 in a row), so the batches fill with groups that differ, as in DAPO's dynamic sampling; it costs more generation per step, and a policy whose samples come only from some episodes (a verifier's) can wait long for a batch. The trainer's reward figure covers its whole batch, which with refill holds only the groups that differ; trained_fraction is the share of the batch it trained on.",
     )
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
     warmup_steps: int = Field(

@@ -1,7 +1,8 @@
 """Data-parallel trainer ranks (gloo on CPU): same step as one rank, and a torchrun job.
 
 The first test is the arithmetic of data parallelism: two ranks, each with half of a batch
-and averaged gradients, must take the same optimizer step as one rank with all of it. The
+and averaged gradients, must take the same optimizer step as one rank with all of it; so must
+three, when `uniformGroups: skip` leaves too few samples for the third to have a share. The
 second runs the trainer as pods run it, `torchrun --nproc-per-node=2 -m
 polyrl.workers.trainer`, against a real nats-server, with a rollout worker and a workflow
 runner in this process.
@@ -10,6 +11,7 @@ runner in this process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -34,14 +36,19 @@ from polyrl.workers.runtime import Runtime
 pytestmark = pytest.mark.slow
 
 
-def job_spec(steps: int = 3) -> RLJobSpec:
+def job_spec(steps: int = 3, *, uniform_groups: str = "keep") -> RLJobSpec:
     return RLJobSpec.model_validate(
         {
             "policies": [
                 {
                     "name": "solver",
                     "model": {"path": "tiny-llama://dp-test"},
-                    "trainer": {"batchSize": 8, "microBatchSize": 8, "nprocPerNode": 2},
+                    "trainer": {
+                        "batchSize": 8,
+                        "microBatchSize": 8,
+                        "nprocPerNode": 2,
+                        "uniformGroups": uniform_groups,
+                    },
                     "rollout": {"maxBatchSize": 16},
                 }
             ],
@@ -74,33 +81,47 @@ def fixed_samples() -> list[batching.Sample]:
     return samples
 
 
-def one_step(rank: int, world: int, workdir: Path, init_file: Path, out: Path) -> None:
+def few_to_train() -> list[batching.Sample]:
+    """A group rewarded alike and two samples that differ: with `uniformGroups: skip`, two
+    samples to train on, so a third rank has no share of the batch."""
+    alike = [dataclasses.replace(s, reward=1.0) for s in fixed_samples()[:4]]
+    return [*alike, *fixed_samples()[4:6]]
+
+
+def one_step(
+    rank: int, world: int, workdir: Path, init_file: Path, out: Path, skip: bool = False
+) -> None:
     torch.set_num_threads(1)
     if world > 1:
         dist.init_process_group(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
         )
-    spec = job_spec()
+    spec = job_spec(uniform_groups="skip" if skip else "keep")
     t = trainer.Trainer(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
     t.sync_from_leader()
-    t.step(fixed_samples())
+    t.step(few_to_train() if skip else fixed_samples())
     if rank == 0:
         torch.save({k: v.clone() for k, v in t.model.state_dict().items()}, out)
     if world > 1:
         dist.destroy_process_group()
 
 
-def test_two_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("world", "skip"),
+    [(2, False), (3, True)],
+    ids=["two-ranks", "three-ranks-one-without-a-share-of-the-skipped-batch"],
+)
+def test_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, world: int, skip: bool
 ) -> None:
     # Spawned ranks unpickle `one_step` by importing this module: they need the repository
     # root on their path (the `pytest` script, unlike `python -m pytest`, does not add it).
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
-    one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt")
+    one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt", skip)
     mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
         one_step,
-        args=(2, tmp_path / "models", tmp_path / "init", tmp_path / "dp.pt"),
-        nprocs=2,
+        args=(world, tmp_path / "models", tmp_path / "init", tmp_path / "dp.pt", skip),
+        nprocs=world,
         join=True,
     )
     single = torch.load(tmp_path / "single.pt")

@@ -20,15 +20,17 @@ from nats.aio.client import Client as NatsClient
 from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import ModelSource, RLJobSpec
-from polyrl.api.wire import Trajectory
+from polyrl.api.resources import ModelSource, RLJobSpec, UniformGroups
+from polyrl.api.wire import Completion, GenerationResponse, Trajectory
 from polyrl.testing.natsserver import NatsServer
 from polyrl.workers import bundle, main, workflows
 from polyrl.workers import model as models
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.runtime import Runtime
+from polyrl.workers.tasks import load_task
 from polyrl.workers.workflow_runner import WorkflowRunner
+from polyrl.workers.workflows import Episode
 
 pytestmark = pytest.mark.slow
 
@@ -276,3 +278,49 @@ async def test_async_runs_ask_each_policy_only_while_its_trainer_can_take_more(
     finally:
         await stop_workers(runtimes, tasks)
         await nc.close()
+
+
+async def alike_and_mixed(episode: Episode) -> None:
+    """A workflow for the next test: per episode, a group of the solver's rewarded alike and one
+    whose rewards differ, from a made-up response (no rollout worker needed)."""
+    completion = Completion(tokens=[3], logprobs=[-1.0], text="3", finish_reason="stop")
+    response = GenerationResponse(
+        id=episode.id, pod="test", weight_version=0, prompt_tokens=[1, 2], completions=[completion]
+    )
+    for i in range(4):
+        await episode.emit("solver", "alike", response, 0, 1.0)
+        await episode.emit("solver", "mixed", response, 0, float(i % 2))
+    await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("uniform", ["refill", "skip"])
+async def test_async_runs_send_no_uniform_groups_of_a_policy_that_refills_its_batches(
+    nats_server: NatsServer, uniform: str
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single").model_copy(deep=True)
+    job.policies[0].trainer.uniform_groups = UniformGroups(uniform)
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
+    config = WorkerConfig(
+        namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+    )
+    rt = await Runtime.connect(config, "workflow-0")
+    runner = WorkflowRunner(rt, alike_and_mixed, load_task(job.workflow.task), concurrency=1)
+    running = asyncio.create_task(runner.run())
+    try:
+        got = await collect(nc, names, "solver", 16)
+    finally:
+        rt.stopping.set()
+        await asyncio.wait_for(running, timeout=60)
+        await rt.close()
+        await nc.close()
+    kinds = {t.group_id.rsplit("/", 1)[1] for t in got}
+    if uniform == "refill":
+        assert kinds == {"mixed"}
+        # Whole episodes only, each sending its four differing samples and leaving out four.
+        sent, left_out = runner.leave_out.sent["solver"], runner.leave_out.left_out["solver"]
+        assert sent == left_out == 4 * runner.episodes
+    else:  # skip: the trainer leaves them out, the runner sends everything
+        assert kinds == {"alike", "mixed"}
+        assert runner.leave_out.left_out == {}

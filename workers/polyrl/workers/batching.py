@@ -23,7 +23,14 @@ from torch import Tensor
 
 from polyrl.workers.grpo import group_advantages
 
-__all__ = ["Batch", "Sample", "assign_advantages", "collate", "token_logprobs"]
+__all__ = [
+    "Batch",
+    "Sample",
+    "assign_advantages",
+    "collate",
+    "informative",
+    "token_logprobs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,19 @@ def assign_advantages(
         rewards, [s.group_id for s in samples], eps=eps, normalize_std=normalize_std
     )
     return [dataclasses.replace(s, advantage=float(a)) for s, a in zip(samples, adv, strict=True)]
+
+
+def informative(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples of groups whose rewards differ, in order.
+
+    A group whose samples were all rewarded alike (all right, or all wrong) has zero advantages
+    everywhere: training on it costs a forward and backward pass per sample and moves nothing
+    but the KL term. Late in training most groups of an easy task are such groups.
+    """
+    rewards: dict[str, set[float]] = {}
+    for sample in samples:
+        rewards.setdefault(sample.group_id, set()).add(sample.reward)
+    return [s for s in samples if len(rewards[s.group_id]) > 1]
 
 
 def _check_sample(index: int, sample: Sample) -> None:

@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from polyrl.api.launch import WorkerConfig
 from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, WeightSync
+from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, UniformGroups, WeightSync
 from polyrl.api.wire import Trajectory
 from polyrl.workers import batching, bundle, checkpoint, evaluation, grpo, ranks
 from polyrl.workers import model as models
@@ -126,33 +126,58 @@ class Trainer:
         return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
 
     def step(self, samples: list[batching.Sample]) -> dict[str, float]:
-        """`updatesPerBatch` optimizer steps over this rank's share of `samples`."""
+        """`updatesPerBatch` optimizer steps over this rank's share of `samples`.
+
+        With `trainer.uniformGroups` skip or refill only the groups whose rewards differ are
+        trained on. Every rank sees every sample, so all agree whether anything is left to train.
+        """
         self.model.train()
-        shard = batching.assign_advantages(samples)[self.rank :: self.world]
-        batch = batching.collate(shard, int(self.tokenizer.pad_token_id or 0))
-        # Token-mean over the whole step's tokens (every rank sees every sample), divided by
-        # the world size because the gradient all-reduce averages over ranks.
-        step_tokens = max(1.0, sum(len(s.completion_ids) for s in samples) / self.world)
-        fixed: list[_Fixed] = []
-        for _ in range(self.policy.trainer.updates_per_batch):
-            stats = self._update(batch, step_tokens, fixed)
+        scored = batching.assign_advantages(samples)
+        skip = self.policy.trainer.uniform_groups != UniformGroups.KEEP
+        trained = batching.informative(scored) if skip else scored
+        stats: dict[str, float] = {}
+        if trained:
+            shard = trained[self.rank :: self.world]  # empty on a rank past a small batch
+            pad = int(self.tokenizer.pad_token_id or 0)
+            batch = batching.collate(shard, pad) if shard else None
+            # Token-mean over the whole step's tokens, divided by the world size because the
+            # gradient all-reduce averages over ranks.
+            step_tokens = max(1.0, sum(len(s.completion_ids) for s in trained) / self.world)
+            fixed: list[_Fixed] = []
+            for _ in range(self.policy.trainer.updates_per_batch):
+                stats = self._update(batch, step_tokens, fixed)
         self.state.step += 1
-        stats["reward"] = float(batch.rewards.mean())
+        stats["reward"] = sum(s.reward for s in samples) / len(samples)
+        stats["trained_fraction"] = len(trained) / len(samples)
         ages = [self.state.version - s.weight_version for s in samples]
         stats["staleness"] = sum(ages) / len(ages)
         return stats
 
     def _update(
+        self, batch: batching.Batch | None, step_tokens: float, fixed: list[_Fixed]
+    ) -> dict[str, float]:
+        """One optimizer step over `batch`; a rank without a share (None) still joins the
+        gradient all-reduce, with zero gradients, so that every rank takes the same step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = {} if batch is None else self._backward(batch, step_tokens, fixed)
+        self._average_gradients()
+        settings = self.policy.trainer.optimizer
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = scheduled_lr(self.state.step, settings.lr, settings.lr_warmup_steps)
+        self.optimizer.step()
+        return stats
+
+    def _backward(
         self, batch: batching.Batch, step_tokens: float, fixed: list[_Fixed]
     ) -> dict[str, float]:
-        """One optimizer step over `batch`, micro-batch by micro-batch.
+        """Accumulate the loss gradient of `batch`, micro-batch by micro-batch.
 
         `fixed` holds what stays constant across a batch's updates, per micro-batch; the first
         update fills it. Its log-probs are the PPO clip's anchor (`prox`), so later updates of
         the same batch stay within the clip of the policy the batch started from.
         """
         stats: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
         micro = self.policy.trainer.micro_batch_size
         for index, start in enumerate(range(0, batch.input_ids.shape[0], micro)):
             part = slice(start, start + micro)
@@ -173,12 +198,6 @@ class Trainer:
                 ref_logprobs=fixed[index].reference,
             )
             loss.backward()  # type: ignore[no-untyped-call]
-        self._average_gradients()
-        settings = self.policy.trainer.optimizer
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
-        for group in self.optimizer.param_groups:
-            group["lr"] = scheduled_lr(self.state.step, settings.lr, settings.lr_warmup_steps)
-        self.optimizer.step()
         return stats
 
     def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:

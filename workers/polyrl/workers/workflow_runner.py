@@ -24,10 +24,11 @@ from pydantic import ValidationError
 
 from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import Mode
+from polyrl.api.resources import Mode, UniformGroups
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
 from polyrl.workers.ahead import AheadGate
 from polyrl.workers.deltas import announce
+from polyrl.workers.held import HeldGroups, LeaveOut
 from polyrl.workers.judging import JudgedAccuracy
 from polyrl.workers.runtime import MetricsLog, Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
@@ -78,6 +79,14 @@ class WorkflowRunner:
         self.ahead = self._ahead_gate() if async_mode else None
         self.started = time.monotonic()
         self.in_episode: set[int] = set()  # loops running an episode right now
+        # Policies whose uniform groups are not sent (`held`). Sync mode's rounds need their
+        # batches from a fixed number of episodes: there the trainers leave them out instead.
+        refill = {
+            p.name
+            for p in rt.config.spec.policies
+            if async_mode and p.trainer.uniform_groups == UniformGroups.REFILL
+        }
+        self.leave_out = LeaveOut(refill)
 
     def _sync_gate(self) -> RoundGate:
         spec = self.rt.config.spec
@@ -173,19 +182,27 @@ class WorkflowRunner:
             len(pending),
             self.ahead.waited if self.ahead is not None else 0.0,
         )
+        for policy, count in sorted(self.leave_out.left_out.items()):
+            log.info(
+                "%s: left out %d samples of groups rewarded alike, sent %d",
+                policy,
+                count,
+                self.leave_out.sent[policy],
+            )
 
     async def _loop(self, index: int) -> None:
         rng = random.Random(f"{self.rt.pod}/{index}/{self.rt.config.spec.workflow.task.seed}")
         while not self.rt.stopping.is_set():
             if self.ahead is not None:
                 await self.ahead.refresh()  # for `catching_up`, below
+            held = HeldGroups() if self.leave_out.refill else None
             episode = Episode(
                 id=uuid.uuid4().hex[:16],
                 spec=self.rt.config.spec,
                 task=self.task,
                 rng=rng,
                 _generate=self._generate,
-                _emit=self._emit,
+                _emit=self._emit if held is None else held.add,
                 finished=frozenset(self.finished),
                 warming=frozenset(self.warming),
                 catching_up=self._catching_up(),
@@ -195,6 +212,8 @@ class WorkflowRunner:
             self.in_episode.add(index)
             try:
                 await self.workflow(episode)
+                if held is not None:
+                    await self._release(held)
                 self.episodes += 1
                 self._record(episode)
             except (GenerationTimeout, ValueError, KeyError, IndexError) as err:
@@ -205,6 +224,13 @@ class WorkflowRunner:
                 self.in_episode.discard(index)
                 if self.gate is not None:
                     await self.gate.done({p: len(r) for p, r in episode.rewards.items()})
+
+    async def _release(self, held: HeldGroups) -> None:
+        """Send an episode's held samples, but the groups `leave_out` leaves out."""
+        for group in held:
+            if self.leave_out.send(group):
+                for s in group:
+                    await self._emit(s.policy, s.group, s.response, s.index, s.reward)
 
     def _catching_up(self) -> frozenset[str]:
         """Policies asked for all the samples their trainers can take within maxStaleness."""
