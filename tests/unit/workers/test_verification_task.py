@@ -100,3 +100,15 @@ def test_the_solver_warms_up_on_answers_and_the_verifier_on_verdicts() -> None:
     judge = evaluation.warmup_task("verifier", spec("solver-verifier"))
     assert isinstance(judge, verify.VerificationTask)
     assert evaluation.warmup_task("verifier", spec("single")) is None
+
+
+def test_a_case_of_a_given_answer_is_judged_by_the_tasks_check() -> None:
+    judge = task()
+    problem = judge.task.held_out()[0]
+    a, b = (int(x) for x in problem.prompt.rstrip("=").split("+"))
+    right, wrong = judge.case(problem, str(a + b)), judge.case(problem, str(a + b + 10))
+    assert right.prompt == f"{a}+{b}={a + b}?"
+    assert wrong.prompt == f"{a}+{b}={a + b + 10}?"
+    assert (verify.truth(right), verify.truth(wrong)) == (True, False)
+    # Either way the target's working is the right sum.
+    assert right.answer[:-1] == wrong.answer[:-1] == str(a + b)

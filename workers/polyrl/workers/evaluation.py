@@ -3,20 +3,24 @@
 Both concern only the workflow's policies in their roles: the first policy is warmed up on
 the task's answers and scored by greedy accuracy on the task's fixed held-out split; the
 second policy of a solver-verifier job is warmed up on worked verdicts and scored by balanced
-accuracy on right and near-miss answers (`tasks.verify.VerificationTask`).
+accuracy on right and near-miss answers (`tasks.verify.VerificationTask`) and on an exam of the
+warm-started solver's own answers (`solver_answers`, `exam_cases`).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from polyrl.workers import tasks, warmup
-from polyrl.workers.tasks import verify
+from polyrl.workers.tasks import base, verify
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from polyrl.workers.trainer import Trainer
 
 WARMUP_LR = 3e-3  # measured on the tiny model: 150 steps take 1-digit addition from 0 to ~0.9
@@ -78,9 +82,38 @@ def prefixed(warmed: dict[str, float]) -> dict[str, float]:
     return {f"warmup_{k}": v for k, v in warmed.items()}
 
 
-def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
+def has_exam(spec: Any) -> bool:
+    """Whether the job's verifier sits an exam on its solver's answers (`solver_answers`)."""
+    return bool(spec.workflow.name == "solver-verifier" and len(spec.policies) > 1)
+
+
+def solver_answers(model: PreTrainedModel, tokenizer: Any, spec: Any) -> list[str]:
+    """The solver's greedy answers to the held-out problems of the verifier's exam.
+
+    Taken from the warm-started solver (its trainer publishes them at step 0: `exam`), they
+    make the verifier's fixed exam (`exam_cases`): the solver's own kind of mistakes, on which
+    RL trains the verifier (the held-out near misses are synthetic), and unlike the answers the
+    workflow runner sees judged during RL (`judging`), they do not change as the solver
+    learns, so a rise in the verifier's figure on them is the judge's own.
+    """
+    problems = tasks.load_task(spec.workflow.task).held_out()[:VERIFIER_EVAL_PROBLEMS]
+    return warmup.greedy_completions(
+        model, tokenizer, [p.prompt for p in problems], spec.algorithm.max_new_tokens
+    )
+
+
+def exam_cases(answers: Sequence[str], spec: Any) -> list[base.Problem]:
+    """The held-out problems with `answers` as candidates, each right or wrong by the task."""
+    task = tasks.load_task(spec.workflow.task)
+    judge = verify.VerificationTask(task)
+    problems = task.held_out()[:VERIFIER_EVAL_PROBLEMS]
+    return [judge.case(p, answer) for p, answer in zip(problems, answers, strict=False)]
+
+
+def evaluate(trainer: Trainer, spec: Any, *, exam: Sequence[base.Problem] = ()) -> dict[str, float]:
     """Held-out figures every `evalEvery` steps: the solver's greedy accuracy, the verifier's
-    balanced accuracy (for the solver-verifier workflow's second policy)."""
+    balanced accuracy (for the solver-verifier workflow's second policy) on near misses and,
+    given the `exam` of `solver_answers`, on the solver's answers."""
     every = trainer.policy.trainer.eval_every
     if every == 0 or trainer.state.step % every:
         return {}
@@ -104,5 +137,14 @@ def evaluate(trainer: Trainer, spec: Any) -> dict[str, float]:
             held_out[:VERIFIER_EVAL_PROBLEMS],
             max_new_tokens=room(trainer.policy.name, spec),
         )
-        return {"balanced_accuracy": balanced}
+        if not exam:
+            return {"balanced_accuracy": balanced}
+        on_answers = warmup.balanced_verdict_accuracy(
+            trainer.model,
+            trainer.tokenizer,
+            verify.VerificationTask(task),
+            exam,
+            max_new_tokens=room(trainer.policy.name, spec),
+        )
+        return {"balanced_accuracy": balanced, "answers_balanced_accuracy": on_answers}
     return {}

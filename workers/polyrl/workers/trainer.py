@@ -44,7 +44,7 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, UniformGroups, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import batching, bundle, checkpoint, evaluation, grpo, ranks
+from polyrl.workers import batching, bundle, checkpoint, evaluation, exam, grpo, ranks
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
@@ -57,6 +57,8 @@ from polyrl.workers.runtime import (
     load_config,
     torch_threads,
 )
+from polyrl.workers.tasks import verify
+from polyrl.workers.tasks.base import Problem
 
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = JobNames.trainer_consumer
@@ -242,6 +244,9 @@ class Trainer:
         self.freeze_reference()
 
 
+EXAM_TIMEOUT_SECONDS = 600.0
+
+
 def scheduled_lr(step: int, lr: float, warmup_steps: int) -> float:
     """The learning rate of RL step `step` (0-based): a linear ramp to `lr` over `warmup_steps`.
 
@@ -308,13 +313,15 @@ class Leader:
         self.started = time.monotonic()  # reset once training starts (after the warm-up)
         self.waited = 0.0
         self.metrics = MetricsLog.from_env()
+        self.exam_cases: list[Problem] = []  # a verifier's fixed exam (`evaluation.exam_cases`)
 
     async def start(self) -> Any:
         warmed = await asyncio.to_thread(evaluation.warm_start, self.trainer, self.rt.config.spec)
         if warmed:
             log.info("supervised warm-up: %s", warmed)
         await asyncio.to_thread(self.trainer.sync_from_leader)
-        start = await asyncio.to_thread(evaluation.evaluate, self.trainer, self.rt.config.spec)
+        await self.share_exam()
+        start = await asyncio.to_thread(self.evaluate)
         if start and self.trainer.state.step == 0:  # where RL starts from, as step 0
             self.write_metrics({"step": 0, "version": 0, **start, **evaluation.prefixed(warmed)})
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
@@ -343,6 +350,32 @@ class Leader:
             durable=CONSUMER,
             stream=self.rt.names.trajectories_stream(self.policy.name),
         )
+
+    async def share_exam(self) -> None:
+        """A solver at step 0 publishes its answers for the verifier's exam; the verifier
+        waits for them (`exam`)."""
+        spec = self.rt.config.spec
+        if not evaluation.has_exam(spec):
+            return
+        solver = spec.policies[0].name
+        if self.policy.name == solver and self.trainer.state.step == 0:
+            answers = await asyncio.to_thread(
+                evaluation.solver_answers, self.trainer.model, self.trainer.tokenizer, spec
+            )
+            await exam.publish(self.rt.js, self.rt.names, solver, answers)
+        elif evaluation.is_verifier(self.policy.name, spec):
+            got = await exam.fetch(self.rt.js, self.rt.names, solver, timeout=EXAM_TIMEOUT_SECONDS)
+            self.exam_cases = evaluation.exam_cases(got, spec) if got else []
+            right = sum(map(verify.truth, self.exam_cases))
+            log.info(
+                "exam: %d of the %s's answers to judge, %d right",
+                len(self.exam_cases),
+                solver,
+                right,
+            )
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluation.evaluate(self.trainer, self.rt.config.spec, exam=self.exam_cases)
 
     async def publish_next(self, *, final: bool = False) -> None:
         """Publish the just-trained weights off the critical path (one in flight); `final`:
@@ -414,7 +447,7 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         if trainer.world > 1:
             await asyncio.to_thread(ranks.share_batch, samples)
         stats = await asyncio.to_thread(trainer.step, samples)
-        stats |= await asyncio.to_thread(evaluation.evaluate, trainer, spec)
+        stats |= await asyncio.to_thread(leader.evaluate)
         for msg in msgs:
             await msg.ack()
         await leader.publish_next(final=last_step is not None and state.step >= last_step)

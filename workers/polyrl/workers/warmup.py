@@ -274,6 +274,21 @@ def verifier_balanced_accuracy(
     judge = verify.VerificationTask(task)
     rng = random.Random(0)
     cases = [judge.judged(p, right, rng) for p in problems for right in (True, False)]
+    return balanced_verdict_accuracy(model, tokenizer, judge, cases, max_new_tokens=max_new_tokens)
+
+
+def balanced_verdict_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    judge: base.Task,
+    cases: Sequence[base.Problem],
+    *,
+    max_new_tokens: int,
+) -> float:
+    """Mean of the verifier's greedy hit rates on the right and on the wrong candidates among
+    `cases` (`judge`'s problems), so that neither kind outweighs the other."""
+    from polyrl.workers.tasks import verify
+
     rates = []
     for right in (True, False):
         subset = [c for c in cases if verify.truth(c) == right]
@@ -283,4 +298,6 @@ def verifier_balanced_accuracy(
                     model, tokenizer, subset, max_new_tokens=max_new_tokens, reward=judge.reward
                 )
             )
+    if not rates:
+        raise ValueError("balanced_verdict_accuracy needs at least one case")
     return sum(rates) / len(rates)

@@ -105,6 +105,11 @@ class VerificationTask:
         candidate = problem.answer if right else miss(problem, rng)
         if not right and self.task.reward(problem, candidate) > 0.5:
             candidate, right = problem.answer, True  # the near miss happened to be right too
+        return self.case(problem, candidate)
+
+    def case(self, problem: base.Problem, candidate: str) -> base.Problem:
+        """`candidate` shown for judging, with the worked verdict the task's check gives it."""
+        right = self.task.reward(problem, candidate) > 0.5
         prompt = verify_prompt(problem, candidate)
         return base.Problem(
             prompt=prompt,
