@@ -13,18 +13,16 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from typing import TYPE_CHECKING
 
 from polyrl.workers import bundle, tasks
 from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.engines import make_engine
-from polyrl.workers.rollout import RolloutWorker
 from polyrl.workers.runtime import ConfigError, Runtime, load_config, torch_threads
-from polyrl.workers.weights import EngineWeights
 from polyrl.workers.workflow_runner import WorkflowRunner
 from polyrl.workers.workflows import load_workflow
+
+if TYPE_CHECKING:
+    from polyrl.workers.rollout import RolloutWorker
 
 log = logging.getLogger("polyrl.worker")
 EXIT_CONFIG = 2
@@ -33,6 +31,20 @@ EXIT_CONFIG = 2
 async def build_rollout(
     rt: Runtime, *, device: str = "cpu", bundle_timeout: float = 300.0
 ) -> RolloutWorker:
+    """A rollout worker serving the policy's first published weights.
+
+    torch and transformers are imported here, not with the module: the workflow runner shares
+    this entry point and needs neither, and on a machine running the whole job their import
+    (some 20 s of CPU each) competes with the trainers' start.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from polyrl.workers.engines import make_engine
+    from polyrl.workers.rollout import RolloutWorker
+    from polyrl.workers.weights import EngineWeights
+
+    torch.set_num_threads(torch_threads())
     policy = rt.config.spec.policy(rt.config.policy or "")
     if policy is None:
         raise ConfigError(f"policy {rt.config.policy!r} is not in the job's spec")
@@ -77,7 +89,6 @@ async def serve(role: str) -> None:
         raise ConfigError(
             f"this worker was started as {role!r} but its config says {config.role!r}"
         )
-    torch.set_num_threads(torch_threads())
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
     beat = asyncio.create_task(rt.heartbeat_forever())
