@@ -41,13 +41,17 @@ def job_path() -> Path:
 def variant(job: RLJob, *, mode: str, steps: int, warmup: int | None) -> RLJob:
     """The job in `mode`, every policy stopping after `steps` (a policy's own trainer.steps is
     dropped: both modes train the same steps, and sync mode refuses it); `warmup` overrides
-    warm-up steps if given."""
+    warm-up steps if given. `uniformGroups: refill` becomes `skip`, which is what sync mode
+    makes of it: refilling async batches would have async mode generate several times as much
+    per step (six times with a policy at chance, as after the quick run's short warm-up)."""
     doc = job.model_dump(by_alias=True, exclude_none=True)
     doc["metadata"]["name"] = f"{job.metadata.name}-{mode}"
     doc["spec"]["algorithm"]["mode"] = mode
     doc["spec"]["stop"] = {"steps": steps}
     for policy in doc["spec"]["policies"]:
         policy["trainer"].pop("steps", None)
+        if policy["trainer"].get("uniformGroups") == "refill":
+            policy["trainer"]["uniformGroups"] = "skip"
         if warmup is not None and policy["trainer"].get("warmupSteps"):
             policy["trainer"]["warmupSteps"] = warmup
     return RLJob.model_validate(doc)
