@@ -61,17 +61,26 @@ async def fetch(
     poll: float = 0.5,
 ) -> Path:
     """Wait up to `timeout` seconds for the bundle, then unpack it into `dest`."""
+    blob = await wait_for_object(js, names, policy, BUNDLE, timeout=timeout, poll=poll)
+    if blob is None:
+        raise BundleMissing(
+            f"no model bundle for policy {policy!r} after {timeout:.0f}s: is its trainer running?"
+        )
+    return unpack(blob, dest)
+
+
+async def wait_for_object(
+    js: JetStreamContext, names: JobNames, policy: str, name: str, *, timeout: float, poll: float
+) -> bytes | None:
+    """Object `name` of `policy`'s bucket once its trainer has put it there, or None if it has
+    not within `timeout` seconds (what a trainer publishes at its start: bundle, exam)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         try:
             store = await js.object_store(names.weights_bucket(policy))
-            result = await store.get(BUNDLE)
-            return unpack(result.data or b"", dest)
+            return (await store.get(name)).data or b""
         except (ObjectNotFoundError, NotFoundError):
             if loop.time() >= deadline:
-                raise BundleMissing(
-                    f"no model bundle for policy {policy!r} after {timeout:.0f}s: is its "
-                    "trainer running?"
-                ) from None
+                return None
             await asyncio.sleep(poll)

@@ -9,14 +9,13 @@ the wait costs it no samples.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from polyrl.api.naming import JobNames
+from polyrl.workers import bundle
 
 log = logging.getLogger("polyrl.exam")
 
@@ -33,18 +32,10 @@ async def fetch(
 ) -> list[str] | None:
     """`policy`'s published answers, waiting up to `timeout` seconds; None if none came or
     what came is not a list of answers (logged: the verifier then goes without an exam)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            store = await js.object_store(names.weights_bucket(policy))
-            data = (await store.get(OBJECT)).data or b""
-            break
-        except (ObjectNotFoundError, NotFoundError):
-            if loop.time() >= deadline:
-                log.warning("no exam: %s published no answers in %.0f s", policy, timeout)
-                return None
-            await asyncio.sleep(poll)
+    data = await bundle.wait_for_object(js, names, policy, OBJECT, timeout=timeout, poll=poll)
+    if data is None:
+        log.warning("no exam: %s published no answers in %.0f s", policy, timeout)
+        return None
     try:
         answers = json.loads(data)["answers"]
     except (ValueError, KeyError, TypeError) as err:
