@@ -35,7 +35,10 @@ class Heartbeat(ApiModel):
     policy: str | None = Field(None, description="Policy served or trained.")
     state: WorkerState = Field(WorkerState.STARTING, description="Lifecycle state.")
     weight_version: int = Field(
-        0, ge=0, description="Weight version loaded (rollout) or published (trainer)."
+        0,
+        ge=0,
+        description="Weight version loaded (rollout), or the one a trainer trains from: put at "
+        "once when it starts publishing it (the workflow runner's staleness bound reads it).",
     )
     step: int = Field(0, ge=0, description="Trainer step.")
     requests_served: int = Field(0, ge=0, description="Generation requests answered so far.")

@@ -30,7 +30,10 @@ class GenerationRequest(ApiModel):
     max_new_tokens: int = Field(16, ge=1, le=65536)
     temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 means greedy.")
     min_version: int = Field(
-        0, ge=0, description="Serve only with weights at least this new (sync mode)."
+        0,
+        ge=0,
+        description="Serve only with weights at least this new: sync mode's round, async "
+        "mode's staleness bound for the batch the samples will land in.",
     )
     reply_to: str = Field(min_length=1, description="Subject the response is published to.")
 

@@ -19,6 +19,7 @@ from nats.aio.client import Client as NatsClient
 
 from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec, UniformGroups
 from polyrl.api.wire import Completion, GenerationResponse, Trajectory
@@ -276,6 +277,51 @@ async def test_async_runs_ask_each_policy_only_while_its_trainer_can_take_more(
         # verdicts in several rounds, not only before its first batch was full.
         assert sum(1 for count in verdicts if count) >= 3, verdicts
     finally:
+        await stop_workers(runtimes, tasks)
+        await nc.close()
+
+
+async def test_async_requests_wait_for_the_weights_the_trainers_heartbeat_says_it_trains_from(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The solver's trainer says (its heartbeat) it trains from version 3, and maxStaleness is
+    1: samples made from the version-0 weights its rollout worker has would be dropped, so
+    none are made; once versions 1 and 2 are published, samples come from version 2 or later."""
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single").model_copy(deep=True)
+    job.algorithm.max_staleness = 1
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await natsconfig.ensure(js, names, ["solver", "verifier"])
+    kv = await js.key_value(names.heartbeats_bucket)
+    beat = Heartbeat(
+        pod="solver-trainer-0", role="trainer", policy="solver", weight_version=3, at=0
+    )
+    await kv.put(
+        JobNames.heartbeat_key("solver", "trainer", beat.pod), beat.model_dump_json().encode()
+    )
+    sub = await js.subscribe(names.trajectories_subject("solver"))
+    runtimes, tasks, runner = await start_workers(nats_server.url, js, names, job, tmp_path)
+    try:
+        await asyncio.wait_for(runner.versions_read.wait(), 10)  # before its first episode
+        assert runner.trainer_versions == {"solver": 3}
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.next_msg(timeout=3)  # held back: version 0 is too old
+        model, _ = models.make_model(
+            ModelSource(path="tiny-llama://wf-test", dtype="float32"), cache_dir=tmp_path / "m"
+        )
+        state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+        store = await WeightStore.open(js, names.weights_bucket("solver"))
+        publisher = WeightPublisher(store, names, "solver", keyframe_every=4)
+        for version in (1, 2):
+            await publisher.publish(state, version=version)
+        await store.close()
+        got = [
+            Trajectory.model_validate_json((await sub.next_msg(timeout=60)).data) for _ in range(8)
+        ]
+        assert min(t.weight_version for t in got) >= 2
+    finally:
+        await sub.unsubscribe()
         await stop_workers(runtimes, tasks)
         await nc.close()
 

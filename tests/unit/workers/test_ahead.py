@@ -136,3 +136,81 @@ async def test_refresh_shows_room_again_for_a_policy_nobody_asks_while_it_has_no
     await asyncio.sleep(0.01)
     await made.refresh()
     assert made.has_room("verifier")
+
+
+def test_a_request_needs_the_version_its_batch_is_trained_from_less_the_bound() -> None:
+    """The trainer trains from version 7; a sample lands in the batch after what is queued."""
+    made = gate(Backlogs(), max_staleness=1)
+    made.versions = {"solver": 7}
+    assert made.min_version("solver") == 6  # into the batch trained from 7
+    made.in_flight["solver"] = 255
+    assert made.min_version("solver") == 6
+    made.in_flight["solver"] = 256
+    assert made.min_version("solver") == 7  # into the next, trained from 8
+    made.finished = {"solver"}
+    assert made.min_version("solver") == 0  # its trainer will not catch up: no bound
+    assert made.min_version("judge") == 0  # not trained here
+    assert made.min_version("verifier") == 0  # no heartbeat of its trainer yet
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+async def test_with_publication_lag_only_requests_for_the_version_under_way_keep_samples_fresh(
+    bounded: bool,
+) -> None:
+    """The rollout worker serves the trainer's previous version while its newest is being
+    published. Asked for samples of the last batch the bound allows, it makes samples one
+    version too old, which the trainer drops, unless the request waits for the version its
+    batch needs (`min_version`, `bounded`); then nothing is dropped and the trainer still gets
+    its batches."""
+    backlogs = Backlogs()
+    made = gate(backlogs, max_staleness=1)
+    versions = {"solver": 0}
+    made.versions = versions
+    queue: list[int] = []
+    served = 0  # the version the rollout worker has
+    landed = asyncio.Condition()
+    dropped = trained = 0
+
+    async def generate() -> None:
+        while versions["solver"] < 8:
+            oldest = await made.reserve("solver", 8)
+            if bounded:  # held back until the version lands
+                async with landed:
+                    await landed.wait_for(lambda oldest=oldest: served >= oldest)  # type: ignore[misc]
+            asked = served
+            await asyncio.sleep(0)  # generation, faster than training
+            made.answered("solver", 8)
+            queue.extend([asked] * 8)
+            backlogs.now["solver"] = len(queue)
+
+    async def publish(version: int) -> None:
+        nonlocal served
+        await asyncio.sleep(0.03)
+        async with landed:
+            served = version
+            landed.notify_all()
+
+    async def train() -> None:
+        nonlocal dropped, trained
+        publications = []
+        while versions["solver"] < 8:
+            if len(queue) < 256:
+                await asyncio.sleep(0.001)
+                continue
+            batch = queue[:256]
+            fresh = [v for v in batch if versions["solver"] - v <= 1]
+            dropped += len(batch) - len(fresh)
+            trained += len(fresh)
+            await asyncio.sleep(0.05)  # the step
+            versions["solver"] += 1  # its heartbeat, then the acknowledgement
+            publications.append(asyncio.create_task(publish(versions["solver"])))
+            del queue[:256]
+            backlogs.now["solver"] = len(queue)
+        await asyncio.gather(*publications)
+
+    await asyncio.wait_for(asyncio.gather(generate(), train()), 30)
+    assert trained > 0
+    if bounded:
+        assert dropped == 0
+    else:
+        assert dropped > 0  # what the bound on the queue alone let through

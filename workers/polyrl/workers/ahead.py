@@ -22,6 +22,18 @@ share (`runners`), and its own requests in flight.
 
 A finished policy (its final version announced) is never waited for: its trainer will not
 catch up, and the workflows that ask it anyway get what they asked for.
+
+The bound on the queue alone did not keep samples fresh: the quick start's trainers still
+dropped about a quarter of what was generated for them (the solver 58 and the verifier 60
+samples a step, 256 a batch), nearly all exactly one version too old. A rollout worker serves
+the weights it has, and the trainer's newest version is still being published (encoded,
+uploaded, fetched) while requests for the batches behind the current one are already asked.
+So each request also says which weights it needs (`GenerationRequest.min_version`, which a
+rollout worker holds a request back for): a sample that will sit in the k-th batch after the
+one the trainer trains from version T (its heartbeat says T at once, before it acknowledges the
+batch before) is trained from version T + k, so it needs at least T + k - maxStaleness. A
+request for the last batch the bound allows waits for version T to land instead of being
+generated for nothing; one for a nearer batch takes what the rollout worker has.
 """
 
 from __future__ import annotations
@@ -48,7 +60,10 @@ class AheadGate:
         runners: int = 1,
         poll: float = 0.1,
         finished: AbstractSet[str] = frozenset(),
+        versions: Mapping[str, int] | None = None,
     ) -> None:
+        self.batches = dict(batches)
+        self.max_staleness = max_staleness
         self.limits = {p: (max_staleness + 1) * b for p, b in batches.items()}
         self.backlog = backlog
         self.runners = max(1, runners)
@@ -58,8 +73,18 @@ class AheadGate:
         self.in_flight: Counter[str] = Counter()
         self.unread: Counter[str] = Counter()  # answered since the backlog was last read
         self.finished = finished  # read, never changed: the runner's own set, kept current
+        # Each policy's version its trainer trains from (read, never changed; as `finished`).
+        self.versions: Mapping[str, int] = versions if versions is not None else {}
         self.waited = 0.0  # seconds requests waited for room, summed over requests
         self._locks: dict[str, asyncio.Lock] = {}
+
+    def queued(self, policy: str) -> float:
+        """`policy`'s samples queued for its trainer, asked for, or on their way."""
+        return (
+            self.backlogs.get(policy, 0) / self.runners
+            + self.in_flight[policy]
+            + self.unread[policy]
+        )
 
     def has_room(self, policy: str, n: int = 1) -> bool:
         """Whether `n` more samples of `policy` fit (always, for a policy not trained here).
@@ -67,15 +92,21 @@ class AheadGate:
         One request larger than the whole allowance still goes once nothing is queued."""
         if policy not in self.limits or policy in self.finished:
             return True
-        queued = (
-            self.backlogs.get(policy, 0) / self.runners
-            + self.in_flight[policy]
-            + self.unread[policy]
-        )
+        queued = self.queued(policy)
         return queued == 0 or queued + n <= self.limits[policy]
 
-    async def reserve(self, policy: str, n: int) -> None:
-        """Wait until `n` samples of `policy` fit, then count them as in flight."""
+    def min_version(self, policy: str) -> int:
+        """The oldest weights a sample of `policy` asked for now may come from: it lands in
+        the batch `queued // batch` after the one its trainer trains from `versions[policy]`,
+        and is trained from that many versions later (0: no bound, as for a finished policy)."""
+        if policy not in self.limits or policy in self.finished:
+            return 0
+        ahead = int(self.queued(policy) // self.batches[policy])
+        return max(0, self.versions.get(policy, 0) + ahead - self.max_staleness)
+
+    async def reserve(self, policy: str, n: int) -> int:
+        """Wait until `n` samples of `policy` fit, then count them as in flight; the oldest
+        weight version they may be generated with (`min_version`)."""
         started = time.monotonic()
         while True:
             await self._refresh(policy)
@@ -83,7 +114,9 @@ class AheadGate:
                 break
             await asyncio.sleep(self.poll)
         self.waited += time.monotonic() - started
+        oldest = self.min_version(policy)
         self.in_flight[policy] += n
+        return oldest
 
     def answered(self, policy: str, n: int) -> None:
         """The request for `n` samples got its answer, or gave up: no longer in flight.

@@ -120,7 +120,7 @@ class RolloutWorker:
             await msg.term()
             return None
         if request.min_version > self.engine.version:
-            await msg.nak(delay=0.2)  # sync mode: newer weights are on their way
+            await msg.nak(delay=0.2)  # newer weights are on their way (`ahead`, `syncmode`)
             return None
         prompt = list(self.tokenizer.encode(request.prompt))  # with BOS, as in warm-up
         return Pending(msg=msg, request=request, prompt=prompt)

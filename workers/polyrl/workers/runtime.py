@@ -150,19 +150,24 @@ class Runtime:
             loop.add_signal_handler(sig, self.stopping.set)
 
     async def heartbeat_forever(self) -> None:
-        key = JobNames.heartbeat_key(self.config.policy, str(self.config.role), self.pod)
         while True:
-            beat = Heartbeat(
-                pod=self.pod,
-                role=str(self.config.role),
-                policy=self.config.policy,
-                state=self.state,
-                at=time.time(),
-                **self.figures,
-            )
-            with contextlib.suppress(Exception):  # NATS may be reconnecting; try next beat
-                await self.kv.put(key, beat.model_dump_json().encode())
+            await self.beat()
             await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    async def beat(self) -> None:
+        """Put this worker's heartbeat now (also between the periodic ones, when a figure that
+        others act on changes: a trainer's weight version, read by the workflow runner)."""
+        key = JobNames.heartbeat_key(self.config.policy, str(self.config.role), self.pod)
+        beat = Heartbeat(
+            pod=self.pod,
+            role=str(self.config.role),
+            policy=self.config.policy,
+            state=self.state,
+            at=time.time(),
+            **self.figures,
+        )
+        with contextlib.suppress(Exception):  # NATS may be reconnecting; try next beat
+            await self.kv.put(key, beat.model_dump_json().encode())
 
     async def dead_letter(self, subject: str, data: bytes, error: str) -> None:
         """Keep a message we cannot use, with why, on the job's dead-letter stream."""

@@ -387,6 +387,10 @@ class Leader:
         self.publishing = asyncio.create_task(
             self.publisher.publish(self.trainer.bf16(), version=version, final=final)
         )
+        # Said at once, not at the next periodic heartbeat: the workflow runner asks for the
+        # samples of later batches at this version (`ahead`), which rollouts serve once it lands.
+        self.rt.figures["weight_version"] = version
+        await self.rt.beat()
 
     def record(self, stats: dict[str, float], *, dropped: int, seconds: float) -> None:
         state = self.trainer.state
@@ -448,9 +452,11 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
             await asyncio.to_thread(ranks.share_batch, samples)
         stats = await asyncio.to_thread(trainer.step, samples)
         stats |= await asyncio.to_thread(leader.evaluate)
+        # The new version first, then the acks: the workflow runner reads both (its staleness
+        # bound, `ahead`), and room in the queue must not show before the version it is for.
+        await leader.publish_next(final=last_step is not None and state.step >= last_step)
         for msg in msgs:
             await msg.ack()
-        await leader.publish_next(final=last_step is not None and state.step >= last_step)
         if sync and leader.publishing is not None:
             await leader.publishing
         stats["wait_seconds"] = started - waiting

@@ -12,6 +12,7 @@ half-written episode reaches a trainer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -22,7 +23,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from polyrl.api.messages import WorkerState
+from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import Mode, UniformGroups
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
@@ -42,6 +43,7 @@ class GenerationTimeout(RuntimeError):
 
 
 TRAINERS_POLL_SECONDS = 2.0
+VERSIONS_READ_SECONDS = 5.0  # at most this long for the trainers' heartbeats at the start
 
 
 class WorkflowRunner:
@@ -71,6 +73,9 @@ class WorkflowRunner:
         self.recent: dict[str, list[float]] = {}
         self.judging = JudgedAccuracy()
         self.finished: set[str] = set()  # policies whose trainers are done
+        # The version each policy's trainer trains from, from its heartbeats (`_watch_versions`)
+        self.trainer_versions: dict[str, int] = {}
+        self.versions_read = asyncio.Event()  # the heartbeats there were at the start are read
         async_mode = rt.config.spec.algorithm.mode != Mode.SYNC
         # policies whose trainers announced no weights yet (see `_poll_trainers`)
         self.warming = {p.name for p in rt.config.spec.policies} if async_mode else set()
@@ -102,6 +107,7 @@ class WorkflowRunner:
             backlog=self._backlog,
             runners=spec.workflow.replicas,
             finished=self.finished,
+            versions=self.trainer_versions,
         )
 
     async def _backlog(self, policy: str) -> int:
@@ -128,6 +134,39 @@ class WorkflowRunner:
         while not self.rt.stopping.is_set():
             await asyncio.sleep(TRAINERS_POLL_SECONDS)
             await self._poll_trainers()
+
+    async def _watch_versions(self) -> None:
+        """Keep `trainer_versions` current from the trainers' heartbeats, which a trainer puts
+        the moment it starts on a new version (`ahead`). The last heartbeat put wins: a
+        policy has one trainer heartbeating (its rank 0), and a replaced pod's last one, which
+        the watch may deliver first, is overwritten by the live trainer's next."""
+        pattern = JobNames.heartbeat_key("*", "trainer", ">")
+        while not self.rt.stopping.is_set():
+            try:
+                watcher = await self.rt.kv.watch(pattern)
+                try:
+                    async for entry in watcher:
+                        if entry is None:  # the end of the values there were
+                            self.versions_read.set()
+                        elif entry.value and entry.operation not in ("DEL", "PURGE"):
+                            self._note_version(entry.key, entry.value)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # e.g. reconnecting
+                log.debug("trainer heartbeats: %s", err)
+            await asyncio.sleep(TRAINERS_POLL_SECONDS)  # then watch again
+
+    def _note_version(self, key: str, value: bytes) -> None:
+        try:
+            beat = Heartbeat.model_validate_json(value)
+        except ValidationError:
+            log.warning("malformed heartbeat under %s ignored", key)
+            return
+        if beat.policy is not None:
+            self.trainer_versions[beat.policy] = beat.weight_version
 
     async def _poll_trainers(self) -> None:
         """Note which trainers are done (final version announced) and which still warm up.
@@ -162,10 +201,15 @@ class WorkflowRunner:
         await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
         self.rt.state = WorkerState.SERVING
         await self._poll_trainers()  # so the first episodes already know
+        watchers = [asyncio.create_task(self._watch_trainers())]
+        if self.ahead is not None:  # so the first requests already know (a runner restarted)
+            watchers.append(asyncio.create_task(self._watch_versions()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.versions_read.wait(), VERSIONS_READ_SECONDS)
         loops = [asyncio.create_task(self._loop(i)) for i in range(self.concurrency)]
-        watcher = asyncio.create_task(self._watch_trainers())
         await self.rt.stopping.wait()
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         self.rt.state = WorkerState.DRAINING
         for index, task in enumerate(loops):  # not in an episode (sync mode's gate): stop now
             if index not in self.in_episode:
@@ -267,14 +311,20 @@ class WorkflowRunner:
         """Ask `policy` for `n` samples, once it may be asked (`ahead`, async mode)."""
         if self.ahead is None:
             return await self._request(policy, prompt, n, max_new)
-        await self.ahead.reserve(policy, n)
+        oldest = await self.ahead.reserve(policy, n)
         try:
-            return await self._request(policy, prompt, n, max_new)
+            return await self._request(policy, prompt, n, max_new, min_version=oldest)
         finally:
             self.ahead.answered(policy, n)
 
-    async def _request(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
+    async def _request(
+        self, policy: str, prompt: str, n: int, max_new: int, *, min_version: int = 0
+    ) -> GenerationResponse:
+        """One request, retried on timeout; `min_version`: async mode's (`ahead`); sync mode
+        asks for its round's version."""
         temperature = self.rt.config.spec.algorithm.temperature
+        if self.gate is not None:
+            min_version = self.gate.min_version(policy)
         for attempt in range(self.retries):
             rid = f"{self.rt.pod}-{next(self.counter)}-{attempt}"
             request = GenerationRequest(
@@ -285,7 +335,7 @@ class WorkflowRunner:
                 n=n,
                 max_new_tokens=max_new,
                 temperature=temperature,
-                min_version=self.gate.min_version(policy) if self.gate is not None else 0,
+                min_version=min_version,
                 reply_to=self.inbox,
             )
             future: asyncio.Future[GenerationResponse] = asyncio.get_running_loop().create_future()
