@@ -370,3 +370,54 @@ async def test_async_runs_send_no_uniform_groups_of_a_policy_that_refills_its_ba
     else:  # skip: the trainer leaves them out, the runner sends everything
         assert kinds == {"alike", "mixed"}
         assert runner.leave_out.left_out == {}
+
+
+async def settled_then_stuck(episode: Episode) -> None:
+    """A workflow for the next test: a group of the solver's whose rewards differ, settled;
+    then another, and an episode that never ends (as one waiting for a slow verifier)."""
+    completion = Completion(tokens=[3], logprobs=[-1.0], text="3", finish_reason="stop")
+    response = GenerationResponse(
+        id=episode.id,
+        pod="test",
+        weight_version=0,
+        prompt_tokens=[1, 2],
+        completions=[completion] * 4,
+    )
+    for i in range(4):
+        await episode.emit("solver", "settled", response, i, float(i % 2))
+    await episode.settle()
+    for i in range(4):
+        await episode.emit("solver", "unsettled", response, i, float(i % 2))
+    await asyncio.Event().wait()
+
+
+async def test_a_refilled_policys_settled_groups_go_out_before_the_episode_ends(
+    nats_server: NatsServer,
+) -> None:
+    """What an episode settled is sent at once; what it emitted after, and never settled before
+    it was cut short, is not."""
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single").model_copy(deep=True)
+    job.policies[0].trainer.uniform_groups = UniformGroups.REFILL
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await natsconfig.ensure(js, names, ["solver", "verifier"])
+    config = WorkerConfig(
+        namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+    )
+    rt = await Runtime.connect(config, "workflow-0")
+    task = load_task(job.workflow.task)
+    runner = WorkflowRunner(rt, settled_then_stuck, task, concurrency=1, drain_timeout=0.5)
+    running = asyncio.create_task(runner.run())
+    try:
+        got = await collect(nc, names, "solver", 4)
+        assert {t.group_id.rsplit("/", 1)[1] for t in got} == {"settled"}
+        assert len({t.id for t in got}) == 4
+    finally:
+        rt.stopping.set()
+        await asyncio.wait_for(running, timeout=60)
+        await rt.close()
+    info = await js.stream_info(names.trajectories_stream("solver"))
+    await nc.close()
+    assert info.state.messages == 4  # the unsettled group of the episode cut short: not sent
+    assert runner.episodes == 0

@@ -68,6 +68,19 @@ async def test_solver_verifier_asks_the_verifier_to_judge_two_answers() -> None:
     assert asked == ["solver", "verifier", "verifier"]
     assert [p for p, _ in sent] == ["solver"] * 4 + ["verifier"] * 8
     assert len(made.judgements) == 8
+
+
+async def test_solver_verifier_settles_the_answers_before_asking_the_verifier() -> None:
+    """So that a refilled solver's answers do not wait for the verdicts (`Episode.settle`)."""
+    made, asked, sent = episode(frozenset())
+    settled: list[tuple[int, int]] = []
+
+    async def settle() -> None:
+        settled.append((len(asked), len(sent)))
+
+    made._settle = settle
+    await solver_verifier(made)
+    assert settled == [(1, 4)]  # after the solver's answers were asked for and emitted, only
     assert {version for _, version, _, _ in made.judgements} == {3}
 
 

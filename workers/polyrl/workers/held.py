@@ -6,8 +6,9 @@ their GRPO advantages are zero, so they would only take a place in its batch. Th
 batches then fill with groups it can learn from, and the runner generates more to make up for
 the rest, which the ahead gate allows because the left-out samples never reach the trainer's
 queue (DAPO's dynamic sampling). Which samples make up a group is only known once the workflow
-has emitted them all, hence the hold: an episode's samples go out when it ends, and one cut
-short sends none.
+has emitted them all, hence the hold: an episode's samples go out when it ends, or earlier
+where its workflow says the groups emitted so far are whole (`Episode.settle`), and what an
+episode cut short had not settled is not sent.
 
 A policy that gets every problem right, or none (an untrained one), would have every group left
 out and its trainer would wait forever; so at most `MOST_LEFT_OUT_IN_A_ROW` of a policy's
@@ -52,6 +53,11 @@ class HeldGroups:
 
     def __iter__(self) -> Iterator[list[HeldSample]]:
         return iter(self.groups.values())
+
+    def take(self) -> list[list[HeldSample]]:
+        """The groups held so far, no longer held."""
+        groups, self.groups = list(self.groups.values()), {}
+        return groups
 
 
 @dataclass

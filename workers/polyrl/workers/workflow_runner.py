@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -34,6 +35,7 @@ from polyrl.workers.judging import JudgedAccuracy
 from polyrl.workers.runtime import MetricsLog, Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
 from polyrl.workers.workflows import Episode, Workflow
+from polyrl.workers.workflows.episode import nothing_held
 
 log = logging.getLogger("polyrl.workflow")
 
@@ -247,6 +249,7 @@ class WorkflowRunner:
                 rng=rng,
                 _generate=self._generate,
                 _emit=self._emit if held is None else held.add,
+                _settle=nothing_held if held is None else functools.partial(self._release, held),
                 finished=frozenset(self.finished),
                 warming=frozenset(self.warming),
                 catching_up=self._catching_up(),
@@ -270,8 +273,9 @@ class WorkflowRunner:
                     await self.gate.done({p: len(r) for p, r in episode.rewards.items()})
 
     async def _release(self, held: HeldGroups) -> None:
-        """Send an episode's held samples, but the groups `leave_out` leaves out."""
-        for group in held:
+        """Send the samples held so far, but the groups `leave_out` leaves out (at the end of
+        an episode, or where its workflow settles them: `Episode.settle`)."""
+        for group in held.take():
             if self.leave_out.send(group):
                 for s in group:
                     await self._emit(s.policy, s.group, s.response, s.index, s.reward)

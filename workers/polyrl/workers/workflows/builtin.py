@@ -38,6 +38,7 @@ async def solver_verifier(episode: Episode) -> None:
         right = episode.task.reward(problem, episode.text(answers, i)) > 0.5
         correct.append(right)
         await episode.emit(solver, "answer", answers, i, 1.0 if right else 0.0)
+    await episode.settle()  # the answers go out now, not after the verdicts
     if not episode.available(verifier):
         return  # its trainer is done (its verdicts would be wasted) or still warming up
     judged = balanced_pick(correct, episode.rng)

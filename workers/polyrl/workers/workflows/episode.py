@@ -19,6 +19,11 @@ from polyrl.api.wire import Completion, GenerationResponse
 
 Generate = Callable[[str, str, int, int], Awaitable[GenerationResponse]]
 Emit = Callable[[str, str, GenerationResponse, int, float], Awaitable[None]]
+Settle = Callable[[], Awaitable[None]]
+
+
+async def nothing_held() -> None:
+    """`Episode.settle` where nothing is held: every emit was sent at once."""
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Episode:
     rng: random.Random
     _generate: Generate
     _emit: Emit
+    _settle: Settle = nothing_held
     finished: frozenset[str] = frozenset()
     """Policies whose trainers are done (their final version announced): a workflow should
     ask them for no more samples, which would be wasted."""
@@ -67,6 +73,16 @@ class Episode:
         """Send completion `index` of `response` with its reward to `policy`'s trainer."""
         self.rewards.setdefault(policy, []).append(reward)
         await self._emit(policy, f"{self.id}/{group}", response, index, reward)
+
+    async def settle(self) -> None:
+        """The samples emitted so far are whole groups: send them now, not at the episode's end.
+
+        Only a `trainer.uniformGroups: refill` policy's samples wait for the end (`held`: a
+        group is known whole only then). A workflow that goes on to ask another policy after
+        emitting one's groups (solver-verifier: the verifier judges the solver's answers)
+        settles first, so those samples do not grow stale meanwhile; with refill the
+        solver's trainer dropped 17-25 samples a step for that while the verifier trained."""
+        await self._settle()
 
     def judged(self, policy: str, version: int, *, truth: bool, said: bool | None) -> None:
         """Note that `policy` (at weight `version`) judged an answer: right or not, and what it
