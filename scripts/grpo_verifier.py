@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / d) for d in ("operator", "workers")]
 
 from polyrl.local import jobfile  # noqa: E402
-from polyrl.workers import batching, evaluation, tasks, warmup  # noqa: E402
+from polyrl.workers import batching, checkpoint, evaluation, tasks, warmup  # noqa: E402
 from polyrl.workers.engines.base import SamplingParams  # noqa: E402
 from polyrl.workers.engines.torch_engine import TorchEngine  # noqa: E402
 from polyrl.workers.tasks import base, verify  # noqa: E402
@@ -75,13 +75,8 @@ def warmed(trainer: Trainer, spec: Any, cache: Path) -> None:
         trainer.model.load_state_dict(safetensors.torch.load_file(path))
         return
     print(json.dumps({"warm_start": trainer.policy.name, **evaluation.warm_start(trainer, spec)}))
-    save(trainer, path)
-
-
-def save(trainer: Trainer, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = trainer.model.state_dict()  # tied embeddings share storage: save copies
-    safetensors.torch.save_file({k: v.clone().contiguous() for k, v in state.items()}, path)
+    checkpoint.save_weights(trainer.model, path)
 
 
 def engine_of(trainer: Trainer) -> TorchEngine:
@@ -182,7 +177,8 @@ def main() -> None:
             hits.clear()
     breakdown(verifier, task, cases, answers, room)
     if args.save is not None:
-        save(verifier, args.save)
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.save_weights(verifier.model, args.save)
 
 
 def episodes(

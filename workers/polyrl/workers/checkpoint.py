@@ -49,10 +49,10 @@ def save(
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".ckpt.", dir=directory.parent))
     try:
-        _save_weights(model, staging / WEIGHTS)
+        save_weights(model, staging / WEIGHTS)
         torch.save(optimizer.state_dict(), staging / OPTIMIZER)
         if reference is not None:
-            _save_weights(reference, staging / REFERENCE)
+            save_weights(reference, staging / REFERENCE)
         (staging / STATE).write_text(json.dumps(asdict(state)))
         config = getattr(model, "config", None)
         if config is not None:
@@ -68,7 +68,8 @@ def save(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _save_weights(module: torch.nn.Module, path: Path) -> None:
+def save_weights(module: torch.nn.Module, path: Path) -> None:
+    """`module`'s weights as one safetensors file, tied ones stored apart (`_untie`)."""
     weights = {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
     save_file(_untie(weights), str(path))
 

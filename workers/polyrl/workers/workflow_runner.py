@@ -312,9 +312,11 @@ class WorkflowRunner:
         self.metrics.write(records)
 
     async def _generate(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
-        """Ask `policy` for `n` samples, once it may be asked (`ahead`, async mode)."""
+        """Ask `policy` for `n` samples, once it may be asked (`ahead`, async mode), from
+        weights no older than the round's (sync mode) or the staleness bound's (async)."""
         if self.ahead is None:
-            return await self._request(policy, prompt, n, max_new)
+            oldest = self.gate.min_version(policy) if self.gate is not None else 0
+            return await self._request(policy, prompt, n, max_new, min_version=oldest)
         oldest = await self.ahead.reserve(policy, n)
         try:
             return await self._request(policy, prompt, n, max_new, min_version=oldest)
@@ -322,13 +324,10 @@ class WorkflowRunner:
             self.ahead.answered(policy, n)
 
     async def _request(
-        self, policy: str, prompt: str, n: int, max_new: int, *, min_version: int = 0
+        self, policy: str, prompt: str, n: int, max_new: int, *, min_version: int
     ) -> GenerationResponse:
-        """One request, retried on timeout; `min_version`: async mode's (`ahead`); sync mode
-        asks for its round's version."""
+        """One request, retried on timeout under a fresh id."""
         temperature = self.rt.config.spec.algorithm.temperature
-        if self.gate is not None:
-            min_version = self.gate.min_version(policy)
         for attempt in range(self.retries):
             rid = f"{self.rt.pod}-{next(self.counter)}-{attempt}"
             request = GenerationRequest(
