@@ -1,10 +1,10 @@
 """The quick start's verifier trained with GRPO in one process: a fast loop for its RL.
 
-A full `polyrl run` takes about 9 minutes and tells one verifier figure; this loop takes 3-7
+A full `polyrl run` takes 6-9 minutes and tells one verifier figure; this loop takes 3-7
 and shows how its exam moves. It warms the quick start's solver and verifier up exactly as
 their trainers do (`evaluation.warm_start`, cached under --cache), builds the same exam (the
-warm-started solver's greedy answers to 500 held-out problems, `evaluation.exam_cases`: 0.8835
-at the start, as in the pipeline), then trains the verifier with the trainer's own step
+warm-started solver's greedy answers to 500 held-out problems, `evaluation.exam_cases`: the
+same figure at step 0 as the pipeline's on the same machine), then trains the verifier with the trainer's own step
 (`Trainer.step`, the quick start's verifier settings) on the solver-verifier workflow's
 episodes: 16 problems a step, 8 solver samples each, one right and one wrong answer judged
 (`balanced_pick`) by 8 verifier samples. The answers come from fixed solvers, not a learning
@@ -17,6 +17,12 @@ verifier makes on the exam (`breakdown`).
     .venv/bin/python scripts/grpo_verifier.py --late runs/qs/trainers/local/quickstart/solver/checkpoint/model.safetensors
     .venv/bin/python scripts/grpo_verifier.py --late ... --reward both --temperature 1.0 --lr 5e-4
 
+--task-seed, --verifier-target and --solver-dev change what the warm starts are made from (the
+task's seed also picks the held-out split, and so the exam); the cache keeps one warm start
+per setting. --solver-dev stops the verifier's warm-up at its target balanced accuracy on the
+warm-started solver's own answers to training problems instead of on synthetic near misses
+(docs/benchmarks.md, session 10).
+
 --reward: `verdict` (the workflow's: 1 for a verdict that agrees with the truth), `working`
 (1 for working equal to the answer), `both` (half each), `gate` (the verdict's, halved when the
 working is wrong). One thread; about 1 s a step alone on this machine.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import random
 import sys
@@ -54,7 +61,9 @@ PROBLEMS, GROUP = 16, 8  # per step: 16 episodes, 2 answers judged 8 times each:
 def parse() -> argparse.Namespace:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--job", type=Path, default=ROOT / "examples" / "quickstart.yaml")
-    cli.add_argument("--cache", type=Path, default=Path("/tmp/polyrl-grpo-verifier"))
+    cli.add_argument(
+        "--cache", type=Path, default=Path("/tmp/polyrl-grpo-verifier"), help="warm starts"
+    )
     cli.add_argument("--reward", default="verdict", choices=["verdict", "working", "both", "gate"])
     cli.add_argument("--lr", type=float, help="default: the job's verifier lr")
     cli.add_argument("--updates", type=int, help="default: the job's updatesPerBatch")
@@ -63,18 +72,39 @@ def parse() -> argparse.Namespace:
     cli.add_argument("--late", type=Path, help="a trained solver's weights, mixed in")
     cli.add_argument("--late-share", type=float, default=0.5)
     cli.add_argument("--every", type=int, default=25, help="steps between exams")
-    cli.add_argument("--seed", type=int, default=0)
+    cli.add_argument("--seed", type=int, default=0, help="sampling and episodes")
+    cli.add_argument(
+        "--task-seed", type=int, help="the job's task seed: warm starts, held-out split, exam"
+    )
+    cli.add_argument("--verifier-target", type=float, help="the verifier's warm-up target")
+    cli.add_argument(
+        "--solver-dev",
+        action="store_true",
+        help="stop the verifier's warm-up on the warm-started solver's own answers to training"
+        " problems (`evaluation.verifier_dev`), not on near misses as its trainer does",
+    )
     cli.add_argument("--save", type=Path, help="write the trained verifier's weights here")
     return cli.parse_args()
 
 
-def warmed(trainer: Trainer, spec: Any, cache: Path) -> None:
-    """The trainer's warm start, from the cache when it was made before."""
-    path = cache / f"{trainer.policy.name}.safetensors"
+def warmed(trainer: Trainer, spec: Any, cache: Path, *, dev: list[base.Problem]) -> None:
+    """The trainer's warm start (measured on `dev` if given), from the cache when it was made
+    before from the same settings (the task's, every trainer's, and the dev's kind)."""
+    made_from = json.dumps(
+        [
+            spec.workflow.task.model_dump(),
+            [p.trainer.model_dump() for p in spec.policies],
+            bool(dev),
+        ],
+        sort_keys=True,
+    )
+    key = hashlib.sha256(made_from.encode()).hexdigest()[:12]
+    path = cache / f"{trainer.policy.name}-{key}.safetensors"
     if path.exists():
         trainer.model.load_state_dict(safetensors.torch.load_file(path))
         return
-    print(json.dumps({"warm_start": trainer.policy.name, **evaluation.warm_start(trainer, spec)}))
+    made = evaluation.warm_start(trainer, spec, dev=dev)
+    print(json.dumps({"warm_start": trainer.policy.name, **made}))
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint.save_weights(trainer.model, path)
 
@@ -83,6 +113,11 @@ def engine_of(trainer: Trainer) -> TorchEngine:
     model = copy.deepcopy(trainer.model)
     torch.nn.Module.to(model, torch.bfloat16)  # in place, as a rollout worker holds it
     return TorchEngine(model, max_batch_size=256)
+
+
+def decoded(tokenizer: Any, ids: list[int]) -> str:
+    """A completion's text (a tokenizer's `decode` is typed to return a list too)."""
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def judged(task: Any, problem: base.Problem, text: str) -> tuple[bool | None, bool, str]:
@@ -131,7 +166,11 @@ def main() -> None:
     spec = jobfile.load(args.job).spec
     if args.temperature is not None:
         spec.algorithm.temperature = args.temperature
+    if args.task_seed is not None:
+        spec.workflow.task.seed = args.task_seed
     judge = spec.policies[1]
+    if args.verifier_target is not None:
+        judge.trainer.warmup_target_accuracy = args.verifier_target
     if args.lr is not None:
         judge.trainer.optimizer.lr = args.lr
     if args.updates is not None:
@@ -139,8 +178,12 @@ def main() -> None:
     work = args.cache / f"run-{time.time_ns()}"
     solver = Trainer(spec.policies[0], spec.algorithm, workdir=work / "solver")
     verifier = Trainer(judge, spec.algorithm, workdir=work / "verifier")
-    warmed(solver, spec, args.cache)
-    warmed(verifier, spec, args.cache)
+    warmed(solver, spec, args.cache, dev=[])
+    dev = []
+    if args.solver_dev:
+        answers = evaluation.solver_dev_answers(solver.model, solver.tokenizer, spec)
+        dev = evaluation.verifier_dev(answers, spec)
+    warmed(verifier, spec, args.cache, dev=dev)
     task = tasks.load_task(spec.workflow.task)
     answers = evaluation.solver_answers(solver.model, solver.tokenizer, spec)
     cases = evaluation.exam_cases(answers, spec)
@@ -204,7 +247,7 @@ def episodes(
         problem = task.sample(rng)
         late = len(solvers) > 1 and rng.random() < args.late_share
         outs = solvers[int(late)].generate([tok(problem.prompt)["input_ids"]] * GROUP, answer)
-        texts = [tok.decode(o.tokens, skip_special_tokens=True) for o in outs]
+        texts = [decoded(tok, o.tokens) for o in outs]
         correct = [task.reward(problem, t) > 0.5 for t in texts]
         shown += [(problem, texts[i], correct[i]) for i in balanced_pick(correct, rng)]
     prompts = [
@@ -213,7 +256,7 @@ def episodes(
     samples = []
     for k, out in enumerate(rollout.generate(prompts, verdict)):
         problem, _, right = shown[k // GROUP]
-        text = tok.decode(out.tokens, skip_special_tokens=True)
+        text = decoded(tok, out.tokens)
         reward = reward_of(args.reward, task, problem, text, right)
         rewards.append(reward)
         hits.append(verify.verdict_reward(verify.parse_verdict(text), right))

@@ -53,6 +53,56 @@ def test_the_exam_holds_the_solvers_greedy_answers_right_or_wrong_by_the_task(
     assert sum(map(verify.truth, cases)) >= 10
 
 
+def test_the_verifiers_warmup_dev_is_as_many_right_as_wrong_of_the_solvers_own_answers() -> None:
+    job = spec()
+    task = tasks.load_task(job.workflow.task)
+    problems = evaluation.dev_problems(task, job, 300)
+    assert not {p.prompt for p in problems} & {p.prompt for p in task.held_out()}
+    # Every third answer right, the rest off by one.
+    answers = [p.answer if i % 3 == 0 else str(int(p.answer) + 1) for i, p in enumerate(problems)]
+    dev = evaluation.verifier_dev(answers, job)
+    side = evaluation.VERIFIER_DEV_PER_SIDE
+    assert len(dev) == 2 * side
+    assert [verify.truth(c) for c in dev] == [True] * side + [False] * side
+    judge = verify.VerificationTask(task)
+    assert dev[0] == judge.case(problems[0], answers[0])
+    assert dev[side] == judge.case(problems[1], answers[1])
+    assert dev[side + 1] == judge.case(problems[2], answers[2])
+
+
+def test_a_solver_nearly_always_right_gives_no_warmup_dev_and_the_verifier_falls_back() -> None:
+    job = spec()
+    problems = evaluation.dev_problems(tasks.load_task(job.workflow.task), job, 400)
+    few_wrong = evaluation.MIN_DEV_PER_SIDE - 1
+    answers = [p.answer if i >= few_wrong else "-1" for i, p in enumerate(problems)]
+    assert evaluation.verifier_dev(answers, job) == []
+    answers[few_wrong] = "-1"  # one more wrong answer: enough
+    assert len(evaluation.verifier_dev(answers, job)) == 2 * evaluation.MIN_DEV_PER_SIDE
+
+
+def test_the_verifiers_warmup_measures_its_target_on_the_dev_cases_it_is_given(
+    tmp_path: Path,
+) -> None:
+    job = spec()
+    job.policies[1].trainer.warmup_steps = 10
+    job.policies[1].trainer.warmup_target_accuracy = 0.99  # not reached: every check runs
+    task = tasks.load_task(job.workflow.task)
+    judge = verify.VerificationTask(task)
+    dev = [judge.case(p, p.answer) for p in evaluation.dev_problems(task, job, 3)]
+    given = evaluation.warm_start(
+        trainer.Trainer(job.policies[1], job.algorithm, workdir=tmp_path / "given"), job, dev=dev
+    )
+    assert (given["dev_problems"], given["dev_from_solver"]) == (3.0, 1.0)
+    assert given["steps"] == 10.0
+    default = evaluation.warm_start(
+        trainer.Trainer(job.policies[1], job.algorithm, workdir=tmp_path / "default"), job
+    )
+    assert (default["dev_problems"], default["dev_from_solver"]) == (
+        float(evaluation.WARMUP_DEV_PROBLEMS),
+        0.0,
+    )
+
+
 def test_the_verifiers_evaluation_adds_its_figure_on_the_exam_only_when_given_one(
     tmp_path: Path,
 ) -> None:

@@ -32,17 +32,33 @@ WARMUP_WEIGHT_DECAY = 0.1
 EVAL_PROBLEMS = 1000
 VERIFIER_EVAL_PROBLEMS = 500  # each shown right and wrong: 1,000 verdicts
 WARMUP_DEV_PROBLEMS = 200  # from the training distribution: the held-out split stays unseen
+# A verifier's warm-up may measure its target on the warm-started solver's own answers to
+# problems of the training distribution instead (`verifier_dev`): this many right and as many
+# wrong, picked from the solver's answers to SOLVER_DEV_PROBLEMS, enough for both sides from a
+# solver between about 15 and 85 % right; none with fewer than MIN_DEV_PER_SIDE on a side.
+VERIFIER_DEV_PER_SIDE = 100
+SOLVER_DEV_PROBLEMS = 800
+MIN_DEV_PER_SIDE = 25
 
 
-def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
+def warm_start(
+    trainer: Trainer, spec: Any, *, dev: Sequence[base.Problem] = ()
+) -> dict[str, float]:
     """Supervised warm-up before version 0, once: the workflow's first policy on the task's
-    answers, and a solver-verifier job's verifier on verdicts of right and near-miss answers."""
+    answers, and a solver-verifier job's verifier on verdicts of right and near-miss answers.
+
+    The warm-up stops at its target accuracy on `dev`, by default on problems drawn like its
+    training ones (for the verifier: right answers and synthetic near misses). Its trainer
+    uses the default; `scripts/grpo_verifier.py --solver-dev` gives a verifier its solver's
+    own answers (`verifier_dev`), on which, unlike on near misses, the exam then starts where
+    the target says (docs/benchmarks.md, session 10).
+    """
     steps = trainer.policy.trainer.warmup_steps
     task = warmup_task(trainer.policy.name, spec)
     if task is None or steps == 0 or trainer.state.step > 0 or trainer.state.epoch > 0:
         return {}
-    dev_rng = random.Random(spec.workflow.task.seed + 1)
-    return warmup.supervised_warmup(
+    checked = list(dev) or dev_problems(task, spec, WARMUP_DEV_PROBLEMS)
+    warmed = warmup.supervised_warmup(
         trainer.model,
         trainer.tokenizer,
         task,
@@ -52,9 +68,41 @@ def warm_start(trainer: Trainer, spec: Any) -> dict[str, float]:
         weight_decay=WARMUP_WEIGHT_DECAY,
         seed=spec.workflow.task.seed,
         target=trainer.policy.trainer.warmup_target_accuracy,
-        dev=[task.sample(dev_rng) for _ in range(WARMUP_DEV_PROBLEMS)],
+        dev=checked,
         max_new_tokens=room(trainer.policy.name, spec),
     )
+    return {**warmed, "dev_problems": float(len(checked)), "dev_from_solver": float(bool(dev))}
+
+
+def dev_problems(task: Any, spec: Any, count: int) -> list[base.Problem]:
+    """`count` problems of `task`'s training distribution, the same for every trainer of the
+    job (drawn from the task's seed + 1), on which warm-ups measure their targets."""
+    rng = random.Random(spec.workflow.task.seed + 1)
+    return [task.sample(rng) for _ in range(count)]
+
+
+def solver_dev_answers(model: PreTrainedModel, tokenizer: Any, spec: Any) -> list[str]:
+    """The solver's greedy answers to `SOLVER_DEV_PROBLEMS` problems of the training
+    distribution, which the verifier's warm-up is measured on (`verifier_dev`)."""
+    problems = dev_problems(tasks.load_task(spec.workflow.task), spec, SOLVER_DEV_PROBLEMS)
+    return warmup.greedy_completions(
+        model, tokenizer, [p.prompt for p in problems], spec.algorithm.max_new_tokens
+    )
+
+
+def verifier_dev(answers: Sequence[str], spec: Any) -> list[base.Problem]:
+    """The verifier's warm-up dev cases: the first `VERIFIER_DEV_PER_SIDE` right and as many
+    wrong of the solver's `answers` (`solver_dev_answers`), as many of each, so that accuracy
+    on them is balanced accuracy, as on the exam. Empty if either side has fewer than
+    `MIN_DEV_PER_SIDE` (a solver nearly always right or wrong)."""
+    task = tasks.load_task(spec.workflow.task)
+    judge = verify.VerificationTask(task)
+    problems = dev_problems(task, spec, len(answers))
+    cases = [judge.case(p, answer) for p, answer in zip(problems, answers, strict=True)]
+    right = [c for c in cases if verify.truth(c)]
+    wrong = [c for c in cases if not verify.truth(c)]
+    per_side = min(VERIFIER_DEV_PER_SIDE, len(right), len(wrong))
+    return right[:per_side] + wrong[:per_side] if per_side >= MIN_DEV_PER_SIDE else []
 
 
 def is_verifier(policy: str, spec: Any) -> bool:
