@@ -91,10 +91,10 @@ def solver_dev_answers(model: PreTrainedModel, tokenizer: Any, spec: Any) -> lis
 
 
 def verifier_dev(answers: Sequence[str], spec: Any) -> list[base.Problem]:
-    """The verifier's warm-up dev cases: the first `VERIFIER_DEV_PER_SIDE` right and as many
-    wrong of the solver's `answers` (`solver_dev_answers`), as many of each, so that accuracy
-    on them is balanced accuracy, as on the exam. Empty if either side has fewer than
-    `MIN_DEV_PER_SIDE` (a solver nearly always right or wrong)."""
+    """A verifier's warm-up dev cases from the solver's `answers` (`solver_dev_answers`): the
+    first `VERIFIER_DEV_PER_SIDE` right ones and as many wrong ones, so that accuracy on them
+    is balanced accuracy, as on the exam. Empty if either side has fewer than
+    `MIN_DEV_PER_SIDE` (a solver nearly always right or nearly always wrong)."""
     task = tasks.load_task(spec.workflow.task)
     judge = verify.VerificationTask(task)
     problems = dev_problems(task, spec, len(answers))
