@@ -85,9 +85,7 @@ def solver_dev_answers(model: PreTrainedModel, tokenizer: Any, spec: Any) -> lis
     """The solver's greedy answers to `SOLVER_DEV_PROBLEMS` problems of the training
     distribution, which the verifier's warm-up is measured on (`verifier_dev`)."""
     problems = dev_problems(tasks.load_task(spec.workflow.task), spec, SOLVER_DEV_PROBLEMS)
-    return warmup.greedy_completions(
-        model, tokenizer, [p.prompt for p in problems], spec.algorithm.max_new_tokens
-    )
+    return greedy_answers(model, tokenizer, problems, spec)
 
 
 def verifier_dev(answers: Sequence[str], spec: Any) -> list[base.Problem]:
@@ -96,9 +94,7 @@ def verifier_dev(answers: Sequence[str], spec: Any) -> list[base.Problem]:
     is balanced accuracy, as on the exam. Empty if either side has fewer than
     `MIN_DEV_PER_SIDE` (a solver nearly always right or nearly always wrong)."""
     task = tasks.load_task(spec.workflow.task)
-    judge = verify.VerificationTask(task)
-    problems = dev_problems(task, spec, len(answers))
-    cases = [judge.case(p, answer) for p, answer in zip(problems, answers, strict=True)]
+    cases = candidates(task, dev_problems(task, spec, len(answers)), answers)
     right = [c for c in cases if verify.truth(c)]
     wrong = [c for c in cases if not verify.truth(c)]
     per_side = min(VERIFIER_DEV_PER_SIDE, len(right), len(wrong))
@@ -145,16 +141,29 @@ def solver_answers(model: PreTrainedModel, tokenizer: Any, spec: Any) -> list[st
     learns, so a rise in the verifier's figure on them is the judge's own.
     """
     problems = tasks.load_task(spec.workflow.task).held_out()[:VERIFIER_EVAL_PROBLEMS]
-    return warmup.greedy_completions(
-        model, tokenizer, [p.prompt for p in problems], spec.algorithm.max_new_tokens
-    )
+    return greedy_answers(model, tokenizer, problems, spec)
+
+
+def greedy_answers(
+    model: PreTrainedModel, tokenizer: Any, problems: Sequence[base.Problem], spec: Any
+) -> list[str]:
+    """A solver's greedy answers to `problems`, in the job's answer room."""
+    prompts = [p.prompt for p in problems]
+    return warmup.greedy_completions(model, tokenizer, prompts, spec.algorithm.max_new_tokens)
 
 
 def exam_cases(answers: Sequence[str], spec: Any) -> list[base.Problem]:
     """The held-out problems with `answers` as candidates, each right or wrong by the task."""
     task = tasks.load_task(spec.workflow.task)
+    return candidates(task, task.held_out()[:VERIFIER_EVAL_PROBLEMS], answers)
+
+
+def candidates(
+    task: Any, problems: Sequence[base.Problem], answers: Sequence[str]
+) -> list[base.Problem]:
+    """`problems` with `answers` as candidates for a verifier to judge, as many as both have,
+    each right or wrong by `task`'s check (`VerificationTask.case`)."""
     judge = verify.VerificationTask(task)
-    problems = task.held_out()[:VERIFIER_EVAL_PROBLEMS]
     return [judge.case(p, answer) for p, answer in zip(problems, answers, strict=False)]
 
 
