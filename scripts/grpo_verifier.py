@@ -1,14 +1,14 @@
 """The quick start's verifier trained with GRPO in one process: a fast loop for its RL.
 
-A full `polyrl run` takes 6-9 minutes and tells one verifier figure; this loop takes 3-7
+A full `polyrl run` takes 5-9 minutes and tells one verifier figure; this loop takes 2-7
 and shows how its exam moves. It warms the quick start's solver and verifier up exactly as
 their trainers do (`evaluation.warm_start`, cached under --cache), builds the same exam (the
 warm-started solver's greedy answers to 500 held-out problems, `evaluation.exam_cases`: the
-same figure at step 0 as the pipeline's on the same machine), then trains the verifier with the trainer's own step
-(`Trainer.step`, the quick start's verifier settings) on the solver-verifier workflow's
-episodes: 16 problems a step, 8 solver samples each, one right and one wrong answer judged
-(`balanced_pick`) by 8 verifier samples. The answers come from fixed solvers, not a learning
-one: the warm-started solver and, with --late (e.g. a pipeline run's
+same figure at step 0 as the pipeline's on the same machine), then trains the verifier with
+the trainer's own step (`Trainer.step`, the quick start's verifier settings) on the
+solver-verifier workflow's episodes: 16 problems a step, 8 solver samples each, one right and
+one wrong answer judged (`balanced_pick`) by 8 verifier samples. The answers come from fixed
+solvers, not a learning one: the warm-started solver and, with --late (e.g. a pipeline run's
 trainers/.../solver/checkpoint/model.safetensors), a trained one for --late-share of the
 problems, so the verifier's gains are its own. Prints JSON lines: the exam, the reward and the
 verdicts' hit rate on training episodes; and, before and after, what kind of mistakes the
@@ -89,15 +89,11 @@ def parse() -> argparse.Namespace:
 
 def warmed(trainer: Trainer, spec: Any, cache: Path, *, dev: list[base.Problem]) -> None:
     """The trainer's warm start (measured on `dev` if given), from the cache when it was made
-    before from the same settings (the task's, every trainer's, and the dev's kind)."""
-    made_from = json.dumps(
-        [
-            spec.workflow.task.model_dump(),
-            [p.trainer.model_dump() for p in spec.policies],
-            bool(dev),
-        ],
-        sort_keys=True,
-    )
+    before from the same settings: the task's, and the trainers' up to this one (a verifier's
+    dev comes from the warm-started solver before it)."""
+    upto = [p.name for p in spec.policies].index(trainer.policy.name) + 1
+    trainers = [p.trainer.model_dump() for p in spec.policies[:upto]]
+    made_from = json.dumps([spec.workflow.task.model_dump(), trainers, bool(dev)], sort_keys=True)
     key = hashlib.sha256(made_from.encode()).hexdigest()[:12]
     path = cache / f"{trainer.policy.name}-{key}.safetensors"
     if path.exists():
