@@ -12,6 +12,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make cluster-up`: how many nodes, what the agent does in unlabelled namespaces (status:
+# mark pods Running; exec: run them), and which namespaces it creates labelled for exec.
+NODES ?= 1
+MODE ?= status
+EXEC_NAMESPACES ?= polyrl-system
 
 .DEFAULT_GOAL := help
 
@@ -70,8 +75,9 @@ quickstart: install ## install, then run examples/quickstart.yaml on this machin
 	@$(VENV)/bin/polyrl run examples/quickstart.yaml
 
 .PHONY: cluster-up
-cluster-up: install tools ## start a local control plane + node agent; prints KUBECONFIG
-	@$(PY) -m polyrl.testing.cluster up
+cluster-up: install tools ## start a control plane + node agent (NODES=1 MODE=status EXEC_NAMESPACES=polyrl-system)
+	@$(PY) -m polyrl.testing.cluster up --nodes $(NODES) --mode $(MODE) \
+	  $(foreach ns,$(EXEC_NAMESPACES),--exec-namespace $(ns))
 
 .PHONY: cluster-down
 cluster-down: ## stop the local control plane started by cluster-up (by PID)

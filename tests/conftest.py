@@ -75,6 +75,8 @@ def cluster(k8s_tools: tools.Tools, tmp_path_factory: pytest.TempPathFactory) ->
             "polyrl-node-1,topology.kubernetes.io/region=remote",
         ],
         mode="status",
+        # Short token lifetimes and quick volume re-syncs, so tests see them happen.
+        agent_args=("--token-max-age", "4", "--volume-sync", "1"),
     )
     test_cluster.start()
     _TIMINGS["control plane"] = (

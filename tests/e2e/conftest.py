@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from tests.operator_stack import REAL_WORKERS, OperatorProcess, restricted_namespace
@@ -22,6 +19,3 @@ def real_ns(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[str]:
     namespace = next(names)
     yield namespace
     next(names, None)  # deletes the job and the namespace
-    # Trainers keep models and checkpoints under $TMPDIR/polyrl/<namespace>/ (their pods'
-    # /tmp is the host's here: the agent mounts no volumes).
-    shutil.rmtree(Path(tempfile.gettempdir()) / "polyrl" / namespace, ignore_errors=True)

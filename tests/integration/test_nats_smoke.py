@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 
 import nats
 import pytest
@@ -54,3 +57,40 @@ async def test_the_object_store_round_trips_an_object_larger_than_one_chunk(
         assert got.data == payload
     finally:
         await nc.close()
+
+
+def test_the_natsserver_command_prints_help_without_starting_a_server() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "polyrl.testing.natsserver", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: python -m polyrl.testing.natsserver")
+    assert "Ctrl-C stops it" not in proc.stdout  # what a started server prints
+
+
+def test_the_natsserver_command_serves_jetstream_until_ctrl_c() -> None:
+    async def account_limits(url: str) -> object:
+        nc = await nats.connect(url)
+        try:
+            return (await nc.jetstream().account_info()).limits
+        finally:
+            await nc.close()
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "polyrl.testing.natsserver"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert "(Ctrl-C stops it)" in line
+            assert asyncio.run(account_limits(line.split(" at ", 1)[1].split()[0])) is not None
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 0

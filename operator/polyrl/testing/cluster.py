@@ -1,19 +1,24 @@
 """A whole test cluster: the control plane plus our node agent, started and stopped as one.
 
-    python -m polyrl.testing.cluster up [--nodes 2] [--mode exec]   # prints KUBECONFIG
+    python -m polyrl.testing.cluster up [--nodes 2] [--exec-namespace NS ...]  # prints KUBECONFIG
     python -m polyrl.testing.cluster down
     python -m polyrl.testing.cluster status
 
-`up` leaves the processes running and writes their PIDs to `state.json` in the cluster
-directory (default `~/.cache/polyrl/cluster`); `down` stops exactly those PIDs, checking
-first that each still runs the binary we started, then removes the data. The pytest
-session fixture uses the same class in-process.
+The node agent runs a pod's command as a local process only in namespaces labelled
+`agent.polyrl.dev/mode=exec` (`up` creates and labels the namespaces given with
+`--exec-namespace`: by default `polyrl-system`, where the chart installs the operator); in
+every other namespace it only marks pods Running, unless `--mode exec` makes exec the
+default for unlabelled namespaces. `up` leaves the processes running and writes their PIDs
+to `state.json` in the cluster directory (default `~/.cache/polyrl/cluster`); `down` stops
+exactly those PIDs, checking first that each still runs the binary we started, then removes
+the data. The pytest session fixture uses the same class in-process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -26,6 +31,8 @@ from kubernetes.client.exceptions import ApiException
 from polyrl.testing import processes, tools
 from polyrl.testing.controlplane import ControlPlane
 from polyrl.testing.errors import StartupError
+from polyrl.testing.nodeagent import podnet
+from polyrl.testing.nodeagent.agent import MODE_LABEL
 
 
 class Cluster:
@@ -36,8 +43,10 @@ class Cluster:
         tool_paths: tools.Tools,
         nodes: list[str] | None = None,
         mode: str = "status",
+        exec_namespaces: tuple[str, ...] = (),
         apiserver_port: int = 0,
         ready_timeout: float = 90.0,
+        agent_args: tuple[str, ...] = (),
     ) -> None:
         self.workdir = workdir
         self.control_plane = ControlPlane(
@@ -45,7 +54,9 @@ class Cluster:
         )
         self.node_specs = nodes or ["polyrl-node-0"]
         self.mode = mode
+        self.exec_namespaces = exec_namespaces
         self.ready_timeout = ready_timeout
+        self.agent_args = agent_args
         self.agent: processes.Managed | None = None
 
     @property
@@ -73,6 +84,8 @@ class Cluster:
             started = time.monotonic()
             self._start_agent()
             self._wait_usable()
+            for namespace in self.exec_namespaces:
+                label_exec(client.CoreV1Api(self.api()), namespace)
             self.timings["node agent + nodes Ready"] = time.monotonic() - started
         except BaseException:
             self.stop(remove=False)
@@ -82,6 +95,7 @@ class Cluster:
         if self.agent is not None:
             processes.stop(self.agent)
             self.agent = None
+        podnet.release_recorded(self.workdir / "agent" / podnet.RECORD)
         self.control_plane.stop(remove=remove)
         if remove:
             shutil.rmtree(self.workdir / "agent", ignore_errors=True)
@@ -102,6 +116,7 @@ class Cluster:
             self.workdir / "agent",
             "--kube-version",
             tools.K8S_VERSION,
+            *self.agent_args,
         ]
         for spec in self.node_specs:
             argv += ["--node", spec]
@@ -151,6 +166,17 @@ class Cluster:
         return state
 
 
+def label_exec(core: client.CoreV1Api, namespace: str) -> None:
+    """Create `namespace` (or adopt it) with the label that makes the agent run its pods."""
+    labels = {MODE_LABEL: "exec"}
+    try:
+        core.create_namespace({"metadata": {"name": namespace, "labels": labels}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+
+
 def _has_default_sa(core: client.CoreV1Api) -> bool:
     try:
         core.read_namespaced_service_account("default", "default")
@@ -160,7 +186,9 @@ def _has_default_sa(core: client.CoreV1Api) -> bool:
 
 
 def default_dir() -> Path:
-    return tools.cache_dir() / "cluster"
+    """Where `up` keeps a cluster: $POLYRL_CLUSTER_DIR, else `cluster/` in the cache."""
+    explicit = os.environ.get("POLYRL_CLUSTER_DIR")
+    return Path(explicit) if explicit else tools.cache_dir() / "cluster"
 
 
 def stop_from_state(workdir: Path) -> list[str]:
@@ -175,6 +203,7 @@ def stop_from_state(workdir: Path) -> list[str]:
         if proc.alive():
             processes.stop(proc)
             stopped.append(entry["name"])
+    podnet.release_recorded(workdir / "agent" / podnet.RECORD)
     shutil.rmtree(workdir, ignore_errors=True)
     return stopped
 
@@ -188,13 +217,26 @@ def _up(args: argparse.Namespace) -> int:
     built = time.monotonic() - t0
     nodes = [f"polyrl-node-{i}" for i in range(args.nodes)]
     cluster = Cluster(
-        args.dir, tool_paths=tool_paths, nodes=nodes, mode=args.mode, apiserver_port=args.port
+        args.dir,
+        tool_paths=tool_paths,
+        nodes=nodes,
+        mode=args.mode,
+        exec_namespaces=tuple(args.exec_namespace or ["polyrl-system"]),
+        apiserver_port=args.port,
     )
     cluster.start()
     (args.dir / "state.json").write_text(json.dumps(cluster.state(), indent=2))
     print(f"tools ready in {built:.1f}s; cluster up in {cluster.control_plane.timings.summary()}")
+    print(f"nodes: {', '.join(nodes)}; pods run as processes in: {_exec_summary(cluster)}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
+
+
+def _exec_summary(cluster: Cluster) -> str:
+    names = ", ".join(cluster.exec_namespaces) or "no namespace"
+    if cluster.mode == "exec":
+        return f"every namespace not labelled {MODE_LABEL}=status"
+    return f"{names} (label others {MODE_LABEL}=exec)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,8 +247,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--dir", type=Path, default=default_dir())
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--mode", choices=["status", "exec"], default="exec")
+    parser.add_argument("--nodes", type=int, default=1, help="how many nodes (default 1)")
+    parser.add_argument(
+        "--mode",
+        choices=["status", "exec"],
+        default="status",
+        help="what the agent does in namespaces without the label "
+        f"{MODE_LABEL}: status marks pods Running (default), exec runs them",
+    )
+    parser.add_argument(
+        "--exec-namespace",
+        action="append",
+        metavar="NS",
+        help="create NS labelled for exec mode (repeatable; default: polyrl-system)",
+    )
     parser.add_argument("--port", type=int, default=0, help="API server port (0: a free one)")
     args = parser.parse_args(argv)
     try:

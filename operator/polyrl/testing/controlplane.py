@@ -178,6 +178,9 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
+                # Reach the node agent's kubelet API (`kubectl logs`) at 127.0.0.1: the
+                # nodes' hostnames resolve nowhere.
+                "--kubelet-preferred-address-types=InternalIP",
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",

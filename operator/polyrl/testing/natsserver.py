@@ -10,6 +10,7 @@ temporary directory that `stop()` removes.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import tempfile
@@ -119,8 +120,15 @@ class NatsServer:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def main() -> int:
-    with NatsServer() as server:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m polyrl.testing.natsserver",
+        description="Run a nats-server with JetStream on 127.0.0.1 until Ctrl-C, with a "
+        "temporary store that is removed at exit; prints its URL.",
+    )
+    parser.add_argument("--port", type=int, default=0, help="client port (0: a free one)")
+    args = parser.parse_args(argv)
+    with NatsServer(port=args.port) as server:
         print(f"nats-server with JetStream at {server.url} (Ctrl-C stops it)", flush=True)
         try:
             while server.proc is not None and server.proc.alive():

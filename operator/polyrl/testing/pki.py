@@ -87,6 +87,18 @@ def _issue(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+def self_signed(directory: Path, stem: str, common: str) -> KeyPair:
+    """A serving certificate for 127.0.0.1 signed by its own key (the node agent's kubelet
+    endpoint: the test API server does not verify kubelets)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(subject=_name(common), key=key, issuer=_name(common), issuer_key=key, server=True)
+    pair = KeyPair(directory / f"{stem}.crt", directory / f"{stem}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pair.key, key)
+    return pair
+
+
 def _name(common: str, org: str | None = None) -> x509.Name:
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
     if org:

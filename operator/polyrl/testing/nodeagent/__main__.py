@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -46,10 +47,47 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--kube-version", default="v1.36.3")
     parser.add_argument("--lease-interval", type=float, default=10.0)
+    parser.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a host path every pod sees even under its volumes (repeatable; the agent's "
+        "Python environment and working directory are always kept)",
+    )
+    parser.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an environment variable of the agent's that pods inherit (repeatable; "
+        "by default pods see only PATH and what the kubelet sets)",
+    )
+    parser.add_argument(
+        "--token-max-age",
+        type=float,
+        default=24 * 3600.0,
+        help="re-request a pod's service-account token once it is this old (seconds), "
+        "or after 80%% of its lifetime, whichever comes first",
+    )
+    parser.add_argument(
+        "--volume-sync",
+        type=float,
+        default=10.0,
+        help="seconds between re-syncs of ConfigMap, Secret and token volumes",
+    )
     args = parser.parse_args(argv)
     if not args.node:
         args.node = [nodes.NodeSpec(name="polyrl-node-0")]
     return args
+
+
+def python_paths(extra: list[str]) -> tuple[str, ...]:
+    """Host paths pods must keep seeing: this interpreter's prefixes and import path (the
+    virtualenv, editable source roots), the working directory, and `extra`."""
+    found = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.getcwd(), *extra}
+    found.update(p for p in sys.path if p and os.path.isdir(p))
+    return tuple(sorted({os.path.realpath(p) for p in found}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir=workdir,
         kube_version=args.kube_version,
         lease_interval=args.lease_interval,
+        keep=python_paths(args.keep),
+        token_max_age=args.token_max_age,
+        volume_sync=args.volume_sync,
+        pass_env={k: os.environ[k] for k in args.pass_env if k in os.environ},
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

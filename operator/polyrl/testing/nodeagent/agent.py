@@ -2,24 +2,28 @@
 
 Reconciling is level-based: every list and every watch event is handed to `reconcile(pod)`,
 which compares the pod with what the agent runs and acts, so a missed event is repaired
-by the next list (every `resync` seconds).
+by the next list (every `resync` seconds). Beside them run the kubelet API (container
+logs) and the test provisioner of PersistentVolumes.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
-import shutil
 import threading
 import time
+import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from polyrl.testing.nodeagent import nodes, podstatus
-from polyrl.testing.nodeagent.runner import PodRunner
+from polyrl.testing import pki, provisioner
+from polyrl.testing.nodeagent import kubeletapi, nodes, podnet, podstatus, volumes
+from polyrl.testing.nodeagent.runner import NodeContext, PodRunner
 
 log = logging.getLogger("polyrl.nodeagent")
 
@@ -39,12 +43,22 @@ class Agent:
         lease_interval: float = 10.0,
         status_interval: float = 60.0,
         resync: float = 30.0,
+        keep: tuple[str, ...] = (),
+        token_max_age: float = 24 * 3600.0,
+        volume_sync: float = 10.0,
+        pass_env: Mapping[str, str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.nodes = {n.name: n for n in nodes_}
+        self.network = podnet.PodNetwork.claim()
+        self.network.record(workdir / podnet.RECORD)
+        self.addresses = {
+            n.name: podnet.Addresses(self.network.node_cidr(i)) for i, n in enumerate(nodes_)
+        }
         self.mode = mode
         self.workdir = workdir
         self.kube_version = kube_version
@@ -52,16 +66,49 @@ class Agent:
         self.status_interval = status_interval
         self.resync = resync
         self.runners: dict[str, PodRunner] = {}  # by pod uid
+        self.pod_ips: dict[str, tuple[str, str]] = {}  # pod uid -> (node, address)
         self.marked: set[str] = set()  # status-mode pods already reported Running
         self.terminating: set[str] = set()  # pods whose graceful deletion is under way
         self.stop = threading.Event()
         self._ns_modes: dict[str, tuple[float, str]] = {}
+        server = urllib.parse.urlsplit(api.configuration.host)
+        source = ApiSource(self.core)
+        self.context = NodeContext(
+            source=source,
+            lookup=source.lookup,
+            api_host=server.hostname or "127.0.0.1",
+            api_port=server.port or 443,
+            shim=podnet.build_shim(),
+            keep=keep,
+            token_max_age=token_max_age,
+            volume_sync=volume_sync,
+            pass_env=dict(pass_env or {}),
+        )
+        serving = pki.self_signed(workdir / "pki", "kubelet", "polyrl-node-agent")
+        self.kubelet_api = kubeletapi.KubeletApi(self._find, cert=serving.cert, key=serving.key)
+        self.provisioner = provisioner.Provisioner(api, workdir / "persistent-volumes")
 
     def run(self) -> None:
-        for spec in self.nodes.values():
-            nodes.register(self.core, spec, self.kube_version)
+        self.kubelet_api.start()
+        self.provisioner.start()
+        for index, spec in enumerate(self.nodes.values()):
+            nodes.register(
+                self.core,
+                spec,
+                self.kube_version,
+                kubelet_port=self.kubelet_api.port,
+                pod_cidr=str(self.network.node_cidr(index)),
+            )
             nodes.renew_lease(self.coord, spec.name)
-        log.info("registered nodes %s (mode %s)", ", ".join(self.nodes), self.mode)
+        log.info(
+            "registered nodes %s (mode %s; pod IPs from %s; kubelet API on 127.0.0.1:%d; "
+            "bind shim %s)",
+            ", ".join(self.nodes),
+            self.mode,
+            self.network.cidr or "127.0.0.0/8",
+            self.kubelet_api.port,
+            self.context.shim or "missing",
+        )
         beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
         beat.start()
         try:
@@ -76,8 +123,12 @@ class Agent:
 
     def shutdown(self) -> None:
         self.stop.set()
+        self.provisioner.stop.set()
         for runner in list(self.runners.values()):
             runner.terminate(grace=5)
+            runner.remove()
+        self.kubelet_api.stop()
+        self.network.release()
 
     def _heartbeat(self) -> None:
         last_status = time.monotonic()
@@ -151,24 +202,39 @@ class Agent:
         else:
             self._start(pod)
 
+    def _address(self, pod: dict[str, Any]) -> str:
+        """The pod's IP: its own loopback address, or the host's under hostNetwork."""
+        if pod["spec"].get("hostNetwork"):
+            return podnet.HOST_IP
+        node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
+        if uid not in self.pod_ips:
+            self.pod_ips[uid] = (node, self.addresses[node].take())
+        return self.pod_ips[uid][1]
+
     def _start(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         sandbox = self.workdir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
         runner = PodRunner(
             pod,
             sandbox=sandbox,
-            lookup=self._lookup,
+            node=self.context,
+            pod_ip=self._address(pod),
             patch_status=lambda status: self._patch(pod, status),
         )
         self.runners[meta["uid"]] = runner
-        log.info("pod %s: starting in %s", runner.key, sandbox)
+        if not pod["spec"].get("hostNetwork"):
+            self.network.attach(runner.pod_ip)
+        log.info("pod %s: starting in %s at %s", runner.key, sandbox, runner.pod_ip)
         runner.start()
 
     def _mark_running(self, pod: dict[str, Any]) -> None:
         states = podstatus.containers_of(pod)
         for state in states:
             state.started_at = podstatus.stamp()
-        self._patch(pod, podstatus.pod_status("Running", states, start_time=podstatus.stamp()))
+        status = podstatus.pod_status(
+            "Running", states, start_time=podstatus.stamp(), pod_ip=self._address(pod)
+        )
+        self._patch(pod, status)
         self.marked.add(pod["metadata"]["uid"])
 
     def _terminate(self, pod: dict[str, Any]) -> None:
@@ -207,7 +273,20 @@ class Agent:
         if runner is not None:
             if not runner.done.is_set():
                 runner.terminate(grace=0)
-            shutil.rmtree(runner.sandbox, ignore_errors=True)
+            runner.remove()
+        if uid in self.pod_ips:
+            node, ip = self.pod_ips.pop(uid)
+            self.network.detach(ip)
+            self.addresses[node].release(ip)
+
+    def _find(self, namespace: str, name: str) -> PodRunner | None:
+        """The pod's runner (the newest, where a replacement took an old pod's name)."""
+        found = None
+        for runner in list(self.runners.values()):
+            meta = runner.pod["metadata"]
+            if (meta["namespace"], meta["name"]) == (namespace, name):
+                found = runner
+        return found
 
     def _patch(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -224,14 +303,67 @@ class Agent:
                     err.reason,
                 )
 
-    def _lookup(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+
+class ApiSource:
+    """What pod volumes read from the API server, with the agent's credentials."""
+
+    def __init__(self, core: client.CoreV1Api) -> None:
+        self.core = core
+
+    def lookup(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        read = (
+            self.core.read_namespaced_secret
+            if kind == "secret"
+            else self.core.read_namespaced_config_map
+        )
         try:
-            if kind == "secret":
-                obj = self.core.read_namespaced_secret(name, namespace)
-            else:
-                obj = self.core.read_namespaced_config_map(name, namespace)
+            obj = read(name, namespace)
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
         return dict(obj.data or {})
+
+    def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self.lookup("configmap", namespace, name)
+
+    def secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self.lookup("secret", namespace, name)
+
+    def token(self, pod: Mapping[str, Any], *, audience: str | None, seconds: int) -> volumes.Token:
+        """A service-account token bound to the pod (TokenRequest), as the kubelet asks."""
+        meta = pod["metadata"]
+        account = pod["spec"].get("serviceAccountName") or "default"
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [audience] if audience else [],
+                "expirationSeconds": seconds,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
+            },
+        }
+        issued = volumes.now()
+        resp = self.core.create_namespaced_service_account_token(account, meta["namespace"], body)
+        expires = resp.status.expiration_timestamp
+        if expires.tzinfo is None:
+            expires = expires.replace(tzinfo=datetime.UTC)
+        return volumes.Token(resp.status.token, issued, expires)
+
+    def claim_path(self, namespace: str, claim: str) -> str | None:
+        try:
+            pvc = self.core.read_namespaced_persistent_volume_claim(claim, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        if pvc.status.phase != "Bound" or not pvc.spec.volume_name:
+            return None
+        pv = self.core.read_persistent_volume(pvc.spec.volume_name)
+        source = pv.spec.host_path or pv.spec.local
+        return str(source.path) if source is not None else None

@@ -83,7 +83,7 @@ def _conditions(stamp: str, *, transition: bool = True) -> list[dict[str, str]]:
     return conds
 
 
-def node_status(spec: NodeSpec, kube_version: str) -> dict[str, Any]:
+def node_status(spec: NodeSpec, kube_version: str, kubelet_port: int = 0) -> dict[str, Any]:
     stamp = now().isoformat()
     return {
         "capacity": spec.capacity,
@@ -93,7 +93,9 @@ def node_status(spec: NodeSpec, kube_version: str) -> dict[str, Any]:
             {"type": "InternalIP", "address": "127.0.0.1"},
             {"type": "Hostname", "address": spec.name},
         ],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        # Where the API server fetches container logs (`kubectl logs`): the agent's
+        # kubelet API, at the InternalIP the API server is told to prefer.
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
         "nodeInfo": {
             "machineID": uuid.uuid5(uuid.NAMESPACE_DNS, spec.name).hex,
             "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, spec.name)),
@@ -109,7 +111,14 @@ def node_status(spec: NodeSpec, kube_version: str) -> dict[str, Any]:
     }
 
 
-def register(core: client.CoreV1Api, spec: NodeSpec, kube_version: str) -> None:
+def register(
+    core: client.CoreV1Api,
+    spec: NodeSpec,
+    kube_version: str,
+    *,
+    kubelet_port: int = 0,
+    pod_cidr: str | None = None,
+) -> None:
     """Create the Node (or adopt an existing one) and post a Ready status."""
     labels = {
         "kubernetes.io/hostname": spec.name,
@@ -117,14 +126,20 @@ def register(core: client.CoreV1Api, spec: NodeSpec, kube_version: str) -> None:
         "kubernetes.io/arch": "amd64",
         **spec.labels,
     }
-    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name, "labels": labels}}
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": spec.name, "labels": labels},
+    }
+    if pod_cidr:  # immutable once set: an adopted node keeps the one it has
+        body["spec"] = {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]}
     try:
         core.create_node(body)
     except ApiException as err:
         if err.status != 409:
             raise
         core.patch_node(spec.name, {"metadata": {"labels": labels}})
-    core.patch_node_status(spec.name, {"status": node_status(spec, kube_version)})
+    core.patch_node_status(spec.name, {"status": node_status(spec, kube_version, kubelet_port)})
 
 
 def renew_lease(coord: client.CoordinationV1Api, name: str) -> None:

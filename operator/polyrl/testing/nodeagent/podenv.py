@@ -7,6 +7,7 @@ unit-tested without a cluster; secrets and config maps are looked up through a c
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,6 +48,9 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
     }
     if path in simple:
         return str(simple[path] or "")
+    if path in ("metadata.labels", "metadata.annotations"):  # downward API volumes only
+        items = sorted((meta.get(path.split(".")[1]) or {}).items())
+        return "\n".join(f"{k}={json.dumps(v)}" for k, v in items)
     match = _SUBSCRIPT.match(path)
     if match:
         return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
@@ -73,11 +77,11 @@ def _from_source(item: Mapping[str, Any], pod: Mapping[str, Any], lookup: Lookup
     if "configMapKeyRef" in source:
         return _ref_value("configmap", source["configMapKeyRef"], namespace, lookup)
     if "resourceFieldRef" in source:
-        return _resource_field(pod, source["resourceFieldRef"])
+        return resource_field(pod, source["resourceFieldRef"])
     raise EnvError(f"unsupported valueFrom in env {item['name']!r}")
 
 
-def _resource_field(pod: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
+def resource_field(pod: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
     section, _, resource = ref["resource"].partition(".")
     for container in pod["spec"]["containers"]:
         if ref.get("containerName") in (None, container["name"]):

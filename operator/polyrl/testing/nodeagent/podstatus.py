@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-POD_IP = "127.0.0.1"
+HOST_IP = "127.0.0.1"
 
 
 def stamp() -> str:
@@ -31,6 +31,9 @@ class ContainerState:
     message: str = ""
     restarts: int = 0
     pid: int | None = None
+    ready: bool = True  # False while a readiness probe has not passed (or has failed)
+    started: bool = True  # False until a startup probe has passed
+    last: dict[str, Any] | None = None  # the previous instance's terminated state
 
     def to_status(self) -> dict[str, Any]:
         if self.exit_code is not None:
@@ -50,23 +53,36 @@ class ContainerState:
                 "waiting": {"reason": self.reason or "ContainerCreating", "message": self.message}
             }
         running = "running" in state
-        return {
+        status = {
             "name": self.name,
             "image": self.image,
             "imageID": "",
             "containerID": f"polyrl://{self.pid}" if self.pid else "",
-            "ready": running,
-            "started": running,
+            "ready": running and self.ready and self.started,
+            "started": running and self.started,
             "restartCount": self.restarts,
             "state": state,
         }
+        if self.last is not None:
+            status["lastState"] = {"terminated": self.last}
+        return status
+
+    def back_off(self, seconds: float) -> None:
+        """The finished instance becomes lastState; the container waits to restart."""
+        self.last = self.to_status()["state"].get("terminated")
+        self.exit_code = self.finished_at = self.started_at = None
+        self.reason = "CrashLoopBackOff"
+        self.message = f"back-off {seconds:g}s restarting failed container={self.name}"
 
 
-def _condition(kind: str, ok: bool, reason: str = "") -> dict[str, str]:
-    cond = {"type": kind, "status": "True" if ok else "False", "lastTransitionTime": stamp()}
-    if reason:
-        cond["reason"] = reason
-    return cond
+def _condition(kind: str, ok: bool, reason: str = "") -> dict[str, str | None]:
+    # A strategic merge keeps fields the patch does not name: None clears an old reason.
+    return {
+        "type": kind,
+        "status": "True" if ok else "False",
+        "lastTransitionTime": stamp(),
+        "reason": reason or None,
+    }
 
 
 def pod_status(
@@ -74,18 +90,21 @@ def pod_status(
     containers: Sequence[ContainerState],
     *,
     start_time: str,
+    pod_ip: str = HOST_IP,
     reason: str = "",
     message: str = "",
 ) -> dict[str, Any]:
-    """A full pod status for `phase` (Running, Succeeded or Failed)."""
-    ready = phase == "Running" and all(c.started_at and c.exit_code is None for c in containers)
+    """A full pod status for `phase` (Pending, Running, Succeeded or Failed)."""
+    ready = phase == "Running" and all(
+        c.started_at and c.exit_code is None and c.ready and c.started for c in containers
+    )
     not_ready = "" if ready else ("PodCompleted" if phase != "Running" else "ContainersNotReady")
     status: dict[str, Any] = {
         "phase": phase,
-        "hostIP": POD_IP,
-        "hostIPs": [{"ip": POD_IP}],
-        "podIP": POD_IP,
-        "podIPs": [{"ip": POD_IP}],
+        "hostIP": HOST_IP,
+        "hostIPs": [{"ip": HOST_IP}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
         "startTime": start_time,
         "conditions": [
             _condition("PodReadyToStartContainers", True),
