@@ -1,7 +1,8 @@
 """What the quick start claims, checked on the shipped job: RL learns, and only from rewards.
 
 Two full `polyrl run examples/quickstart.yaml` runs of up to 10 minutes each, so this is not
-part of `make test`: run it with `make test-learning`. The claims (issue 4):
+part of `make test`: run it with `make test-learning`. The rewarded run is the README's own
+quick-start commands, run as written (then `polyrl export`). The claims:
 
 * within 10 minutes the solver's greedy accuracy on the 1,000 held-out problems rises at least
   40 points above its value at the start of RL (the step-0 evaluation, after the warm start);
@@ -35,6 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests import documented
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.learning]
 
@@ -42,23 +44,39 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml
 LIMIT_SECONDS = 600
 
 
+def readme_commands(workdir: Path) -> list[str]:
+    """The README's quick-start commands (activate, run, export), to run as written in
+    `workdir`, a scratch copy of the repository's layout (its examples/ and .venv/)."""
+    commands = [c for c in documented.block("README.md", "Quick start") if c != "make test"]
+    commands.remove("make quickstart")  # it runs `polyrl run examples/quickstart.yaml`
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("examples", ".venv"):
+        (workdir / name).symlink_to(documented.REPO / name)
+    return commands
+
+
 def run_quickstart(
     tmp_path: Path, *, shuffle: bool, timeout: float
 ) -> tuple[dict[str, list[dict[str, Any]]], float]:
     """The run's metrics by policy (the runner's judging lines under "<policy>/judged") and
-    its wall time in seconds."""
-    doc = yaml.safe_load(QUICKSTART.read_text())
-    doc["spec"]["algorithm"]["shuffleRewards"] = shuffle
+    its wall time in seconds. The rewarded run is the README's own commands; the control
+    runs a copy of the job with `shuffleRewards`."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    run_dir = tmp_path / "run"
+    if shuffle:
+        doc = yaml.safe_load(QUICKSTART.read_text())
+        doc["spec"]["algorithm"]["shuffleRewards"] = True
+        job = tmp_path / "job.yaml"
+        job.write_text(yaml.safe_dump(doc))
+        run_dir = tmp_path / "run"
+        argv = [sys.executable, "-m", "polyrl.cli", "run", str(job), "--run-dir", str(run_dir)]
+    else:
+        commands = readme_commands(tmp_path)
+        run_dir = tmp_path / "runs" / "qs"
+        assert f"--run-dir {run_dir.relative_to(tmp_path)}" in " ".join(commands)
+        argv = ["bash", "-c", "set -e; " + "; ".join(commands)]
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "polyrl.cli", "run", str(job), "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         _, stderr = proc.communicate(timeout=timeout)
@@ -98,6 +116,8 @@ def test_the_quickstart_solver_learns_from_rewards_and_the_verifier_improves(
         tmp_path / "rewarded", shuffle=False, timeout=LIMIT_SECONDS + 60
     )
     assert trained["solver"][0]["step"] == 0  # the start is measured after the warm-up
+    # The README's `polyrl export runs/qs solver-hf --policy solver` left a model directory.
+    assert (tmp_path / "rewarded" / "solver-hf" / "config.json").is_file()
     start, end = gain(trained["solver"], "accuracy")
     exam_start, exam_end = gain(trained["verifier"], "answers_balanced_accuracy")
     held_start, held_end = gain(trained["verifier"], "balanced_accuracy")

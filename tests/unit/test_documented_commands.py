@@ -1,0 +1,80 @@
+"""Every command the docs give runs somewhere: in a named test, as written, or in CI.
+
+The tests named here read their commands from the docs (`tests/documented.py`), so a new or
+changed command in README.md, the chart's README and NOTES.txt, or an example's header
+fails this test until a test runs it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+from tests import documented
+
+CI = "CI: `make test` is what .ci/run runs"
+CLUSTER_PATH = "test_the_readme_cluster_path_runs_as_written_with_the_charts_operator_pod"
+CHART = "test_the_charts_readme_installs_with_helm_and_with_the_kustomization"
+BY_HAND = "test_the_readmes_hand_started_cluster_commands_run_as_written"
+LEARNING = "test_the_quickstart_solver_learns_from_rewards_and_the_verifier_improves"
+
+BY_SECTION = {
+    ("README.md", "On a cluster"): CLUSTER_PATH,
+    ("README.md", "Starting and stopping a control plane by hand"): BY_HAND,
+    ("charts/polyrl/README.md", "Install"): CHART,
+    ("charts/polyrl/README.md", "Without Helm"): CHART,
+    (documented.NOTES, ""): CLUSTER_PATH,  # the notes `helm install` printed, rendered
+    ("examples/solver-verifier.yaml", ""): CLUSTER_PATH,
+}
+BY_COMMAND = {
+    "make test": CI,
+    # The learning test runs the README's quick-start commands (make test-learning).
+    "make quickstart": LEARNING,  # its recipe, checked below
+    ". .venv/bin/activate": LEARNING,
+    "polyrl run examples/quickstart.yaml --run-dir runs/qs": LEARNING,
+    "polyrl export runs/qs solver-hf --policy solver": LEARNING,
+    "polyrl run examples/quickstart.yaml": LEARNING,  # the quick start's header
+    "kubectl apply -f examples/quickstart.yaml": CLUSTER_PATH,  # the same line in NOTES.txt
+}
+
+
+def where_run(command: documented.Command) -> str | None:
+    return BY_COMMAND.get(command.text) or BY_SECTION.get((command.source, command.heading))
+
+
+def defined_tests() -> set[str]:
+    names = set()
+    for path in (documented.REPO / "tests").rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                names.add(node.name)
+    return names
+
+
+def test_every_documented_command_is_run_by_a_named_test_or_ci() -> None:
+    found = documented.commands()
+    assert len(found) >= 25, "the docs' commands were not found"
+    unmapped = [f"{c.source} [{c.heading}]: {c.text}" for c in found if where_run(c) is None]
+    assert not unmapped, "documented commands that no test runs:\n" + "\n".join(unmapped)
+    tests = defined_tests()
+    named = {where_run(c) for c in found} - {CI}
+    assert named <= tests, f"named tests that do not exist: {named - tests}"
+
+
+def test_the_readme_cluster_section_has_no_watch_over_several_types() -> None:
+    for command in documented.commands():
+        if command.text.startswith("kubectl get") and " -w" in f" {command.text} ":
+            kinds = command.text.split()[2]
+            assert "," not in kinds, f"kubectl watches one resource type: {command.text}"
+
+
+def test_make_quickstart_runs_the_documented_polyrl_run() -> None:
+    recipe = subprocess.run(
+        ["make", "-n", "quickstart"],
+        cwd=documented.REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"{Path('.venv/bin/polyrl')} run examples/quickstart.yaml" in recipe
