@@ -23,7 +23,7 @@ from tests.operator_stack import OPERATOR_NS, PEERING, REPO, OperatorProcess
 from polyrl.testing import charts, tools
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.controlplane import kubeconfig
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl, condition, wait_for
 from polyrl.testing.natsserver import NatsServer
 
 _TIMINGS: dict[str, str] = {}
@@ -101,8 +101,13 @@ def kubectl(cluster: Cluster, k8s_tools: tools.Tools) -> Kubectl:
 @pytest.fixture(scope="session")
 def crds_installed(kubectl: Kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+
+    # Not `kubectl wait`: it fails instead of waiting while a new CRD has no status yet.
+    def established(crd: str) -> bool:
+        return condition(kubectl.json("get", "crd", crd), "Established") == "True"
+
     for crd in ("rljobs.polyrl.dev", "policygroups.polyrl.dev", "clusterkopfpeerings.kopf.dev"):
-        kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+        wait_for(f"CRD {crd} Established", lambda crd=crd: established(crd))  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")

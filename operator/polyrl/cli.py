@@ -29,6 +29,7 @@ def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         job = jobfile.load(args.job)
+        jobfile.preflight(job)
     except jobfile.JobFileError as err:
         print(f"polyrl run: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -72,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
         f"run directory: {run_dir} (metrics.jsonl, plot.png, trainers/ checkpoints, logs/)",
         file=sys.stderr,
     )
-    if plotted is None:
+    if plotted is None and code == 0:  # a failure already said why
         print("polyrl run: no trainer step finished; see the logs", file=sys.stderr)
     return code
 
@@ -184,7 +185,13 @@ def _export(args: argparse.Namespace) -> int:
         print(f"polyrl export: unavailable ({err}); install polyrl[train]", file=sys.stderr)
         return EXIT_USAGE
     try:
-        checkpoint = export.find_checkpoint(args.source, args.policy)
+        if args.source.startswith(export.NATS_SCHEMES):
+            out, version = export.export_from_nats(
+                args.source, args.policy, args.output, dtype=args.dtype
+            )
+            print(f"exported {args.policy} version {version} from {args.source} -> {out}")
+            return 0
+        checkpoint = export.find_checkpoint(Path(args.source), args.policy)
         out = export.export_checkpoint(checkpoint, args.output, dtype=args.dtype)
     except export.ExportError as err:
         print(f"polyrl export: {err}", file=sys.stderr)
@@ -197,11 +204,18 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser(
         "export",
         help="write a trained policy as a Hugging Face directory",
-        description="Export a trainer checkpoint as a Hugging Face directory (config.json, "
+        description="Export a trained policy as a Hugging Face directory (config.json, "
         "tokenizer, model.safetensors) that transformers' AutoModelForCausalLM and "
-        "AutoTokenizer load. SOURCE is a checkpoint directory or a `polyrl run` run directory.",
+        "AutoTokenizer load. SOURCE is a checkpoint directory (on a cluster: the one a job's "
+        "status.policies[].output names, in its checkpoint claim), a `polyrl run` run "
+        "directory, or nats://HOST:PORT/NAMESPACE/JOB: the job's latest announced weights, "
+        "read from its NATS Object Store.",
     )
-    p.add_argument("source", type=Path, metavar="SOURCE", help="checkpoint or run directory")
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="checkpoint directory, run directory, or nats://HOST:PORT/NAMESPACE/JOB",
+    )
     p.add_argument("output", type=Path, metavar="OUTPUT", help="new directory to write")
     p.add_argument("--policy", help="which policy of a run directory (needed if several)")
     p.add_argument(

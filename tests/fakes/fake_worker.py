@@ -12,7 +12,8 @@ operator relies on, over real NATS:
 - drain: answers a DrainRequest with a DrainAck, stops pulling, finishes what it holds,
   then publishes Drained on its drained subject;
 - trainer: raises its step by one every `POLYRL_FAKE_STEP_SECONDS` (default 0.5 s), and
-  its weight version with it; workflow: only heartbeats.
+  its weight version with it, up to the policy's last step; then heartbeats `done` and
+  exits 0; workflow: only heartbeats.
 
 Run as `python fake_worker.py rollout|workflow` (the operator's worker command), or by
 torchrun as the trainer entry (role taken from the config document).
@@ -69,28 +70,38 @@ class FakeWorker:
         await self.nc.drain()
 
     async def _heartbeat(self) -> None:
-        key = JobNames.heartbeat_key(self.config.policy, str(self.config.role), self.pod)
         while True:
-            beat = Heartbeat(
-                pod=self.pod,
-                role=str(self.config.role),
-                policy=self.config.policy,
-                state=self.state,
-                weight_version=self.step,
-                step=self.step,
-                requests_served=self.served,
-                in_flight=self.in_flight,
-                at=time.time(),
-                reward=self.step / 100 if str(self.config.role) == "trainer" else None,
-            )
-            await self.kv.put(key, beat.model_dump_json().encode())
+            await self._beat()
             await asyncio.sleep(0.5)
 
+    async def _beat(self) -> None:
+        key = JobNames.heartbeat_key(self.config.policy, str(self.config.role), self.pod)
+        beat = Heartbeat(
+            pod=self.pod,
+            role=str(self.config.role),
+            policy=self.config.policy,
+            state=self.state,
+            weight_version=self.step,
+            step=self.step,
+            requests_served=self.served,
+            in_flight=self.in_flight,
+            at=time.time(),
+            reward=self.step / 100 if str(self.config.role) == "trainer" else None,
+        )
+        await self.kv.put(key, beat.model_dump_json().encode())
+
     async def _train(self) -> None:
+        """A step every period until the policy's last step (if it has one); then, as the
+        real trainer does, a last heartbeat saying it is done, and exit 0."""
         period = float(os.environ.get("POLYRL_FAKE_STEP_SECONDS", "0.5"))
-        while True:
+        policy = self.config.spec.policy(self.config.policy or "")
+        last = self.config.spec.steps_of(policy) if policy is not None else None
+        while last is None or self.step < last:
             await asyncio.sleep(period)
             self.step += 1
+        self.state = WorkerState.DONE
+        await self._beat()
+        self.stop.set()
 
     async def _serve(self, policy: str) -> None:
         sub = await self.js.pull_subscribe(

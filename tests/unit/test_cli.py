@@ -43,3 +43,38 @@ def test_run_with_a_missing_job_file_names_it(
 ) -> None:
     assert cli.main(["run", str(tmp_path / "nope.yaml")]) == cli.EXIT_USAGE
     assert "no such job file" in capsys.readouterr().err
+
+
+JOB = """\
+apiVersion: polyrl.dev/v1alpha1
+kind: RLJob
+metadata: {name: tiny}
+spec:
+  policies:
+  - name: solver
+    model: {path: "tiny-llama://checked"}
+  workflow: {name: single, task: {name: arithmetic}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "cause"),
+    [
+        (("name: single", "name: 'nosuchmodule:fn'"), "No module named 'nosuchmodule'"),
+        (("name: arithmetic", "name: nosuchtask"), "unknown task 'nosuchtask'"),
+        (("tiny-llama://checked", "/does/not/exist"), "'/does/not/exist' does not exist"),
+    ],
+    ids=["workflow", "task", "model"],
+)
+def test_run_refuses_input_the_workers_would_refuse_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, str], cause: str
+) -> None:
+    job = tmp_path / "job.yaml"
+    assert edit[0] in JOB
+    job.write_text(JOB.replace(*edit))
+    run_dir = tmp_path / "run"
+    assert cli.main(["run", str(job), "--run-dir", str(run_dir)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "polyrl run: invalid input: " in err
+    assert cause in err
+    assert not run_dir.exists()  # nothing was started

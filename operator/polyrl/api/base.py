@@ -85,8 +85,18 @@ class Condition(ApiModel):
     )
 
 
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Now, as status and event timestamps are written (RFC 3339, UTC, whole seconds)."""
+    return datetime.datetime.now(datetime.UTC).strftime(RFC3339)
+
+
+def seconds_since(stamp: str) -> float:
+    """Seconds from an RFC 3339 timestamp (as `now_rfc3339` writes them) until now."""
+    then = datetime.datetime.strptime(stamp, RFC3339).replace(tzinfo=datetime.UTC)
+    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
 
 
 def set_condition(

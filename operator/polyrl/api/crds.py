@@ -11,6 +11,8 @@ reports as conditions.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -41,6 +43,9 @@ _KEEP = {
     "required",
 }
 _SCALARS = {"integer", "number", "string", "boolean"}
+# Helm never upgrades CRDs, and the API server silently drops fields an older schema lacks,
+# so each CRD says which schema it is; the operator refuses to run against another.
+SCHEMA_HASH = f"{base.GROUP}/schema-hash"
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -161,34 +166,49 @@ def _crd(
     columns: list[dict[str, Any]],
     subresources: dict[str, Any],
 ) -> dict[str, Any]:
+    spec = {
+        "group": base.GROUP,
+        "scope": "Namespaced",
+        "names": {
+            "kind": kind,
+            "plural": plural,
+            "singular": kind.lower(),
+            "shortNames": [short],
+            "categories": ["polyrl"],
+        },
+        "versions": [
+            {
+                "name": base.VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": subresources,
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": schema},
+            }
+        ],
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{plural}.{base.GROUP}",
             "labels": {"app.kubernetes.io/part-of": "polyrl"},
+            "annotations": {SCHEMA_HASH: spec_hash(spec)},
         },
-        "spec": {
-            "group": base.GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": kind,
-                "plural": plural,
-                "singular": kind.lower(),
-                "shortNames": [short],
-                "categories": ["polyrl"],
-            },
-            "versions": [
-                {
-                    "name": base.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": subresources,
-                    "additionalPrinterColumns": columns,
-                    "schema": {"openAPIV3Schema": schema},
-                }
-            ],
-        },
+        "spec": spec,
+    }
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """A short digest of a CRD's spec (its schemas, columns and names)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def schema_hashes() -> dict[str, str]:
+    """CRD name -> the schema hash this code expects (polyrl's own CRDs)."""
+    return {
+        doc["metadata"]["name"]: doc["metadata"]["annotations"][SCHEMA_HASH]
+        for doc in (rljob_crd(), policygroup_crd())
     }
 
 

@@ -4,7 +4,8 @@ A worker takes every input from its environment: `POLYRL_WORKER_CONFIG` holds on
 document (`WorkerConfig`) with the job's spec, the worker's role, policy and replica, and
 the NATS URL; credentials come separately from a Secret (never inside the document). No
 fixed ports (0 means pick a free one) and no shared volumes: rollout workers fetch model,
-tokenizer and weights from the job's Object Store.
+tokenizer and weights from the job's Object Store. The one volume is a trainer's own
+checkpoint claim, mounted in its first pod only.
 """
 
 from __future__ import annotations
@@ -19,7 +20,22 @@ from polyrl.api.resources import RLJobSpec
 
 CONFIG_ENV = "POLYRL_WORKER_CONFIG"
 POD_NAME_ENV = "POLYRL_POD_NAME"
+TRAINER_DIR_ENV = "POLYRL_TRAINER_DIR"  # where a trainer keeps models and checkpoints
+CHECKPOINT_MOUNT = "/var/lib/polyrl"  # the checkpoint claim, in a trainer's first pod
 RDZV_PORT = 29400
+# How a worker's exit status tells the operator (and `polyrl run`) what to do next.
+EXIT_INVALID_INPUT = 2  # the job's spec or data cannot work: running it again cannot help
+EXIT_UNAVAILABLE = 69  # something it needs (NATS) is not there yet: retry with backoff
+TERMINATION_LOG_ENV = "POLYRL_TERMINATION_LOG"  # where a worker writes why it stopped
+TERMINATION_LOG = "/dev/termination-log"  # the kubelet's default terminationMessagePath
+# How a termination message starts when the worker refused its input: torchrun exits 1
+# whatever its ranks' status, so the message, not the code, carries a trainer's verdict.
+INVALID_INPUT_PREFIX = "invalid input: "
+
+
+def trainer_subdir(namespace: str, job: str, policy: str) -> str:
+    """A trainer's directory under its root (TRAINER_DIR_ENV): models, then `checkpoint/`."""
+    return f"{namespace}/{job}/{policy}"
 
 
 class Role(enum.StrEnum):
@@ -65,6 +81,10 @@ class WorkerLaunch(ApiModel):
     resources: Resources | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
+    checkpoint_claim: str | None = Field(
+        None,
+        description="PersistentVolumeClaim mounted at CHECKPOINT_MOUNT (a trainer's first pod; a local run ignores it).",
+    )
     config: WorkerConfig
 
     def with_replica(self, replica: int, name: str) -> WorkerLaunch:

@@ -24,6 +24,7 @@ class WorkerState(enum.StrEnum):
     TRAINING = "training"
     DRAINING = "draining"
     DRAINED = "drained"
+    DONE = "done"  # a trainer past its last step, its last version published and saved
 
 
 class Heartbeat(ApiModel):

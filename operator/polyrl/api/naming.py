@@ -8,6 +8,7 @@ region derives the same subjects from the same config. Kubernetes children:
     trainer pods       <group>-trainer-<i>           headless Service <group>-trainer
     rollout pods       <group>-rollout-<i>           i < 1000
     workflow runners   <job>-workflow-<i>
+    checkpoint claims  <job>-<policy>-checkpoints    (unless the policy names its own)
 
 NATS, prefix `af.<namespace>.<job>` (stream and bucket names cannot contain dots, so they
 use dashes): per policy a work-queue stream of generation requests, a trajectory stream
@@ -55,6 +56,10 @@ def rollout_pod(group: str, replica: int) -> str:
 
 def workflow_pod(job: str, replica: int) -> str:
     return f"{job}-workflow-{replica}"
+
+
+def checkpoint_claim(job: str, policy: str) -> str:
+    return f"{job}-{policy}-checkpoints"
 
 
 def active_rollout_selector(group: str) -> str:

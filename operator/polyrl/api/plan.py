@@ -15,7 +15,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from polyrl.api import naming
-from polyrl.api.launch import CONFIG_ENV, POD_NAME_ENV, RDZV_PORT, Role, WorkerConfig, WorkerLaunch
+from polyrl.api.launch import (
+    CHECKPOINT_MOUNT,
+    CONFIG_ENV,
+    POD_NAME_ENV,
+    RDZV_PORT,
+    TRAINER_DIR_ENV,
+    Role,
+    WorkerConfig,
+    WorkerLaunch,
+    trainer_subdir,
+)
 from polyrl.api.resources import (
     Metadata,
     Phase,
@@ -205,6 +215,7 @@ def trainer_command(
     base = ["torchrun", f"--nproc-per-node={trainer.nproc_per_node}"]
     if trainer.replicas == 1:
         return [*base, "--standalone", "--nnodes=1", *entry]
+    timeout = trainer.rendezvous_timeout_seconds  # connecting to the store, then joining
     return [
         *base,
         f"--nnodes={trainer.replicas}",
@@ -212,6 +223,7 @@ def trainer_command(
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=$(POLYRL_RDZV_ENDPOINT)",
         f"--rdzv-id={group}",
+        f"--rdzv-conf=join_timeout={timeout},read_timeout={timeout}",
         *entry,
     ]
 
@@ -233,6 +245,10 @@ def _trainer(
         "POLYRL_RDZV_ENDPOINT": f"{naming.trainer_pod(name, 0)}."
         f"{naming.trainer_service(name)}:{RDZV_PORT}",
     }
+    claim = None
+    if replica == 0:  # rank 0 alone saves and resumes
+        claim = checkpoint_claim(job, policy)
+        env[TRAINER_DIR_ENV] = checkpoint_root(job)
     return WorkerLaunch(
         name=naming.trainer_pod(name, replica),
         role=Role.TRAINER,
@@ -246,8 +262,29 @@ def _trainer(
         resources=trainer.resources,
         node_selector=trainer.node_selector,
         tolerations=trainer.tolerations,
+        checkpoint_claim=claim,
         config=config,
     )
+
+
+def checkpoint_claim(job: RLJob, policy: PolicySpec) -> str:
+    """The PersistentVolumeClaim holding `policy`'s checkpoints: the user's, or the one the
+    operator creates."""
+    spec = policy.trainer.checkpoint
+    return spec.claim_name or naming.checkpoint_claim(job.metadata.name, policy.name)
+
+
+def checkpoint_root(job: RLJob) -> str:
+    """The trainer's directory in its claim: keyed by the job's UID, so a new job that takes
+    an old job's name (and claim) never resumes the old one's checkpoint."""
+    return f"{CHECKPOINT_MOUNT}/{job.metadata.uid or 'no-uid'}"
+
+
+def checkpoint_output(job: RLJob, policy: PolicySpec) -> str:
+    """Where `policy`'s checkpoint is once the trainer saved it (pvc://<claim>/<path>)."""
+    meta = job.metadata
+    subdir = trainer_subdir(meta.namespace, meta.name, policy.name)
+    return f"pvc://{checkpoint_claim(job, policy)}/{meta.uid or 'no-uid'}/{subdir}/checkpoint"
 
 
 def _workflow(job: RLJob, replica: int, nats_url: str, entrypoints: Entrypoints) -> WorkerLaunch:

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from polyrl.api._version import DEFAULT_IMAGE
-from polyrl.api.base import ApiModel, Condition, Dns1035Name, Resources, Toleration
+from polyrl.api.base import ApiModel, Condition, Dns1035Name, Quantity, Resources, Toleration
 
 # Suffix of the longest generated child name: "-rollout-" plus up to 3 digits.
 LONGEST_SUFFIX = len("-rollout-") + 3
@@ -91,6 +91,35 @@ class Optimizer(ApiModel):
     )
 
 
+class WhenDeleted(enum.StrEnum):
+    """What becomes of an operator-made checkpoint claim when its RLJob is deleted."""
+
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class CheckpointSpec(ApiModel):
+    """Where a policy's trainer checkpoints: a PersistentVolumeClaim, so a replaced trainer
+    pod resumes where the last one stopped, and the trained model outlives the job's pods.
+    The operator creates the claim `<job>-<policy>-checkpoints` unless `claimName` names
+    one; checkpoints go under `<RLJob uid>/` in it, so a later job of the same name never
+    resumes this one's."""
+
+    claim_name: Dns1035Name | None = Field(
+        None,
+        description="An existing PersistentVolumeClaim to use; the operator then creates none and never deletes it.",
+    )
+    storage_class_name: str | None = Field(
+        None,
+        description="StorageClass of the claim the operator creates (default: the cluster's default class).",
+    )
+    size: Quantity = Field("10Gi", description="Size of the claim the operator creates.")
+    when_deleted: WhenDeleted = Field(
+        WhenDeleted.RETAIN,
+        description="Retain keeps an operator-made claim (and the trained model) when the RLJob is deleted; Delete removes it with the job.",
+    )
+
+
 class TrainerSpec(ApiModel):
     """The policy's trainer: torchrun with `replicas` nodes of `nprocPerNode` ranks."""
 
@@ -140,6 +169,16 @@ class TrainerSpec(ApiModel):
     )
     restart_limit: int = Field(
         3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed."
+    )
+    rendezvous_timeout_seconds: int = Field(
+        300,
+        ge=10,
+        le=3600,
+        description="With several trainer pods: how long torchrun waits for the gang to meet (its rendezvous) before the pods fail and the trainer is restarted, with the cause in the PolicyGroup's conditions.",
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Checkpoint storage on a cluster (polyrl run keeps checkpoints in its run directory).",
     )
     resources: Resources | None = Field(None, description="Per trainer pod.")
     node_selector: dict[str, str] = Field(
@@ -388,6 +427,11 @@ class PolicyStatus(ApiModel):
         0, ge=0, description="Desired rollout pods over all PolicyGroups."
     )
     trainer_ready: bool = Field(False, description="Every trainer pod is running.")
+    completed: bool = Field(False, description="The trainer finished its last step.")
+    output: str | None = Field(
+        None,
+        description="Where the policy's checkpoint is, as pvc://<claim>/<path>: a Hugging Face directory (weights, config, tokenizer) that polyrl export reads.",
+    )
 
 
 class RLJobStatus(ApiModel):
@@ -411,6 +455,16 @@ class RLJobStatus(ApiModel):
     rollouts: str = Field("0/0", description="Ready/desired rollout pods over all policies.")
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job reached a terminal phase.")
+    workflow_failures: int = Field(
+        0, ge=0, description="Consecutive workflow-runner pod failures (drives backoff)."
+    )
+    last_failure_time: str | None = Field(
+        None, description="When a workflow-runner pod last failed."
+    )
+    last_failure: str | None = Field(
+        None,
+        description="What the last failed workflow-runner pod said, until runners are healthy again.",
+    )
 
 
 class PolicyGroupSpec(ApiModel):
@@ -451,6 +505,9 @@ class PolicyGroupStatus(ApiModel):
     trainer_restarts: int = Field(
         0, ge=0, description="Times the trainer was restarted after a failure."
     )
+    trainer_completed: bool = Field(
+        False, description="The trainer finished its last step; it is not started again."
+    )
     weight_version: int = Field(0, ge=0, description="Weight version the rollouts serve (lowest).")
     step: int = Field(0, ge=0, description="Trainer step (groups with a trainer).")
     reward: float | None = Field(None, description="Recent mean reward reported by the trainer.")
@@ -458,6 +515,10 @@ class PolicyGroupStatus(ApiModel):
         0, ge=0, description="Consecutive rollout pod failures (drives backoff)."
     )
     last_failure_time: str | None = Field(None, description="When a pod of this group last failed.")
+    last_failure: str | None = Field(
+        None,
+        description="What the last failed pod said (its exit code and termination message), until the group is healthy again.",
+    )
 
 
 class Metadata(ApiModel):

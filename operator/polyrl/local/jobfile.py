@@ -39,3 +39,15 @@ def _explain(err: ValidationError) -> str:
         where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
         lines.append(f"  {where}: {problem['msg']}")
     return "\n".join(lines)
+
+
+def preflight(job: RLJob) -> None:
+    """Check, before any process starts, what the workers would check at their start (the
+    workflow and task resolve, every model path is a causal LM), and say what is wrong."""
+    from polyrl.workers import preflight as checks
+    from polyrl.workers.runtime import ConfigError
+
+    try:
+        checks.job(job.spec)
+    except ConfigError as err:
+        raise JobFileError(f"invalid input: {err}") from None

@@ -10,6 +10,7 @@ own process group, and stopped on exit, Ctrl-C or SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from polyrl.api import plan
-from polyrl.api.launch import POD_NAME_ENV, Role, WorkerLaunch
+from polyrl.api.launch import POD_NAME_ENV, TERMINATION_LOG_ENV, Role, WorkerLaunch
 from polyrl.api.resources import RLJob
 from polyrl.testing import processes
 from polyrl.testing.natsserver import NatsServer
@@ -31,6 +32,7 @@ from polyrl.testing.nodeagent.podenv import expand
 # replies that could no longer come (23 s from the trainers' exit to the end of the run).
 STOP_ORDER = (Role.WORKFLOW, Role.ROLLOUT, Role.TRAINER)
 STOP_GRACE = 20.0
+CAUSE_LINES = 5  # of a failed process's log, when it left no termination message
 
 
 @dataclass
@@ -59,6 +61,7 @@ class LocalRun:
             POD_NAME_ENV: launch.name,
             "POLYRL_NAMESPACE": self.job.metadata.namespace,
             "POLYRL_METRICS_FILE": str(self.metrics),
+            TERMINATION_LOG_ENV: str(self.termination_log(launch.name)),
             "POLYRL_TRAINER_DIR": str(self.run_dir / "trainers"),
             "POLYRL_TORCH_THREADS": os.environ.get("POLYRL_TORCH_THREADS", "1"),
             "OMP_NUM_THREADS": "1",
@@ -70,6 +73,18 @@ class LocalRun:
         )
         self.roles[launch.name] = str(launch.role)
 
+    def termination_log(self, name: str) -> Path:
+        """Where process `name` writes why it stopped (a pod's /dev/termination-log)."""
+        return self.run_dir / "logs" / f"{name}.termination"
+
+    def cause(self, name: str) -> str:
+        """Why `name` stopped: its termination message, else the last lines of its log."""
+        with contextlib.suppress(OSError):
+            said = self.termination_log(name).read_text().strip()
+            if said:
+                return said
+        return processes.tail(self.procs[name].log, CAUSE_LINES).strip() or "no output"
+
     def trainers_done(self) -> bool:
         trainers = [p for n, p in self.procs.items() if self.roles[n] == Role.TRAINER]
         return bool(trainers) and not any(p.alive() for p in trainers)
@@ -80,7 +95,7 @@ class LocalRun:
         for name, proc in self.procs.items():
             code = proc.popen.poll() if proc.popen is not None else None
             if code not in (None, 0):
-                bad.append(f"{name} (exit {code}; log {proc.log})")
+                bad.append(f"{name} exited {code}: {self.cause(name)}\n  (log: {proc.log})")
         return bad
 
     def stop(self) -> None:
@@ -106,9 +121,13 @@ def install_signal_handlers() -> None:
 
 
 def wait(run: LocalRun, *, poll: float = 1.0, on_tick: object = None) -> None:
-    while not run.trainers_done():
-        if run.failed():
-            raise RuntimeError("a worker failed: " + "; ".join(run.failed()))
+    """Until every trainer has exited; raises, with each cause, once any process failed (a
+    trainer that failed included)."""
+    while True:
+        if failed := run.failed():
+            raise RuntimeError("a worker failed: " + "\n".join(failed))
+        if run.trainers_done():
+            return
         if callable(on_tick):
             on_tick()
         time.sleep(poll)

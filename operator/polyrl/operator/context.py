@@ -59,3 +59,4 @@ class Context:
     settings: OperatorSettings
     wakers: Wakers
     drain_requested: set[tuple[str, str]] = field(default_factory=set)
+    claims: set[tuple[str, str, str]] = field(default_factory=set)  # (ns, claim, job uid) made

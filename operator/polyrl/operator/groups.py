@@ -17,8 +17,9 @@ from typing import Any
 
 from polyrl.api import naming, plan
 from polyrl.api._version import DEFAULT_IMAGE
-from polyrl.api.base import ConditionStatus, find_condition
+from polyrl.api.base import ConditionStatus, find_condition, now_rfc3339, seconds_since
 from polyrl.api.launch import Role, WorkerLaunch
+from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
 from polyrl.operator import metrics, render, report, scaling
 from polyrl.operator.context import Context
@@ -110,7 +111,7 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
             "Ready",
             False,
             "Suspended" if p.job.spec.suspend else job_phase.value,
-            "the job is suspended" if p.job.spec.suspend else "the job has ended",
+            "the job is suspended" if p.job.spec.suspend else _ended(p.job),
         )
         return
     launches = plan.group_launches(
@@ -122,6 +123,12 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
     )
     await _trainer(p, policy, [x for x in launches if x.role == Role.TRAINER])
     await _rollouts(p, [x for x in launches if x.role == Role.ROLLOUT])
+
+
+def _ended(job: RLJob) -> str:
+    """Why the job ended, as its own conditions say (a failure's cause, quoted)."""
+    said = find_condition(job.status.conditions, "Stopped")
+    return f"the job has ended: {said.message}" if said and said.message else "the job has ended"
 
 
 def _job_doc(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,20 +200,24 @@ async def _trainer(p: Pass, policy: PolicySpec, launches: list[WorkerLaunch]) ->
         await p.ctx.kube.ensure_service(render.trainer_service(p.group, owner=_owner(p)))
     rendered = {x.name: _render(p, x) for x in launches}
     failed = [x for x in pods if x.phase == "Failed" and not x.deleting]
-    if any(x.deleting for x in pods):
+    if (pods and all(x.phase == "Succeeded" for x in pods)) or _trainer_done(p):
+        p.status.trainer_completed = True
+    if p.status.trainer_completed:
+        pass  # finished: never started again, its pods left as they are until the job ends
+    elif any(x.deleting for x in pods):
         pass  # a gang restart or update is under way: wait until the old pods are gone
     elif failed:
         await _restart_trainer(p, pods, failed, trainer.restart_limit)
-    elif pods and all(x.phase == "Succeeded" for x in pods):
-        p.condition("TrainerHealthy", True, "Completed", "the trainer finished")
     elif any(x.spec_hash != _hash(rendered.get(x.name)) for x in pods if not x.deleting):
         await _delete_all(p, pods)
         p.event("Normal", "TrainerUpdated", "trainer spec changed; restarting the trainer pods")
-    elif _backoff_over(p.status.last_failure_time, p.status.trainer_restarts):
+    elif scaling.backoff_over(p.status.last_failure_time, p.status.trainer_restarts):
         await _create_missing(p, rendered, {x.name for x in pods})
     running = [x for x in pods if x.phase == "Running" and not x.deleting]
     p.status.trainer_pods = len(running)
-    if p.status.phase != Phase.FAILED and not failed:
+    if p.status.trainer_completed:
+        p.condition("TrainerHealthy", True, "Completed", "the trainer finished its last step")
+    elif p.status.phase != Phase.FAILED and not failed:
         healthy = len(running) == len(launches)
         p.condition(
             "TrainerHealthy",
@@ -216,6 +227,13 @@ async def _trainer(p: Pass, policy: PolicySpec, launches: list[WorkerLaunch]) ->
         )
 
 
+def _trainer_done(p: Pass) -> bool:
+    """The trainer said, in its last heartbeat, that it is past its last step."""
+    return any(
+        hb.state == WorkerState.DONE for hb in _heartbeats(p) if hb.role == Role.TRAINER.value
+    )
+
+
 def _hash(body: Mapping[str, Any] | None) -> str:
     return render.spec_hash(body["spec"]) if body else ""
 
@@ -223,29 +241,37 @@ def _hash(body: Mapping[str, Any] | None) -> str:
 async def _restart_trainer(p: Pass, pods: list[PodInfo], failed: list[PodInfo], limit: int) -> None:
     names = ", ".join(x.name for x in failed)
     await _delete_all(p, pods)
-    p.status.last_failure_time = _stamp()
+    _record_failure(p, failed[0])
+    if any(x.invalid_input for x in failed):
+        return  # _record_failure failed the group: restarting cannot help
     if p.status.trainer_restarts >= limit:
         p.status.phase = Phase.FAILED
-        p.condition(
-            "TrainerHealthy",
-            False,
-            "RestartLimitExceeded",
-            f"trainer pod(s) {names} failed after {limit} restarts",
+        message = f"trainer pod(s) {names} failed after {limit} restarts; {p.status.last_failure}"
+        p.condition("TrainerHealthy", False, "RestartLimitExceeded", message)
+        p.condition("WorkersHealthy", False, "RestartLimitExceeded", message)
+        p.event(
+            "Warning", "TrainerFailed", f"restart limit {limit} reached: {p.status.last_failure}"
         )
-        p.event("Warning", "TrainerFailed", f"restart limit {limit} reached; policy failed")
         return
     p.status.trainer_restarts += 1
     p.condition(
         "TrainerHealthy",
         False,
         "Restarting",
-        f"trainer pod(s) {names} failed; restart {p.status.trainer_restarts}/{limit}",
+        f"restart {p.status.trainer_restarts}/{limit}: {p.status.last_failure}",
     )
-    p.event(
-        "Warning",
-        "TrainerRestarted",
-        f"trainer pod(s) {names} failed; restarting ({p.status.trainer_restarts}/{limit})",
-    )
+    p.event("Warning", "TrainerRestarted", f"trainer failed, restarting: {p.status.last_failure}")
+
+
+def _record_failure(p: Pass, pod: PodInfo) -> None:
+    """Keep what a failed pod said; a refusal of its input fails the whole group at once."""
+    p.status.last_failure = pod.failure()
+    p.status.last_failure_time = now_rfc3339()
+    if pod.invalid_input:
+        p.status.phase = Phase.FAILED
+        p.condition("Ready", False, "InvalidInput", p.status.last_failure)
+        p.condition("WorkersHealthy", False, "InvalidInput", p.status.last_failure)
+        p.event("Warning", "InvalidInput", f"{p.status.last_failure}; the policy failed")
 
 
 async def _create_missing(
@@ -256,22 +282,6 @@ async def _create_missing(
         if name not in existing and await p.ctx.kube.create_pod(body):
             made += 1
     return made
-
-
-def _backoff_over(last_failure: str | None, failures: int) -> bool:
-    if not last_failure or failures <= 0:
-        return True
-    return time.time() - _parse(last_failure) >= scaling.backoff_delay(failures)
-
-
-def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _parse(stamp: str) -> float:
-    import calendar
-
-    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
 # --- rollouts ------------------------------------------------------------------------------
@@ -288,7 +298,7 @@ async def _rollouts(p: Pass, launches: list[WorkerLaunch]) -> None:
         for victim in scaling.victims(active, len(active) - desired):
             await _start_drain(p, victim, "ScaledDown")
     elif len(active) < desired:
-        if _backoff_over(p.status.last_failure_time, p.status.rollout_failures):
+        if scaling.backoff_over(p.status.last_failure_time, p.status.rollout_failures):
             await _scale_up(p, template, pods, desired - len(active))
     else:
         await _roll_one(p, template, active, pods)
@@ -318,13 +328,8 @@ async def _replace_terminal(p: Pass, pods: list[PodInfo]) -> None:
         p.leaving.add(pod.name)
         if pod.phase == "Failed" and not pod.draining:
             p.status.rollout_failures += 1
-            p.status.last_failure_time = _stamp()
-            p.event(
-                "Warning",
-                "RolloutPodFailed",
-                f"rollout pod {pod.name} failed; replacing it after "
-                f"{scaling.backoff_delay(p.status.rollout_failures):.0f}s backoff",
-            )
+            _record_failure(p, pod)
+            p.event("Warning", "RolloutPodFailed", f"{p.status.last_failure}; replacing it")
 
 
 async def _scale_up(p: Pass, template: WorkerLaunch, pods: list[PodInfo], count: int) -> None:
@@ -351,6 +356,16 @@ async def _roll_one(
 
 
 async def _start_drain(p: Pass, pod: PodInfo, why: str) -> None:
+    if not _has_served(p, pod.name):
+        # Nothing to drain: it never pulled a request (one it did not answer would come back
+        # to the queue anyway), and it may not listen for drain requests yet.
+        await p.ctx.kube.delete_pod(p.namespace, pod.name, pod.uid)
+        p.leaving.add(pod.name)
+        metrics.DRAINS.labels(outcome="never-served").inc()
+        p.event(
+            "Normal", "Deleted", f"deleted rollout pod {pod.name} at once ({why}): it never served"
+        )
+        return
     patch = {
         "metadata": {
             "labels": {naming.L_DRAINING: "true"},
@@ -412,34 +427,55 @@ def _rollout_status(p: Pass, active: list[PodInfo]) -> None:
         )
     if ok_to_reset(p):
         p.status.rollout_failures = 0
+        p.status.last_failure = None
 
 
 def ok_to_reset(p: Pass) -> bool:
+    """Failures are forgotten once every pod has been ready for 30 s since the last one."""
     desired = p.group.spec.rollout.replicas
-    if p.status.rollout_failures == 0 or p.status.ready_replicas < desired:
+    trainer = find_condition(p.status.conditions, "TrainerHealthy")
+    if trainer is not None and trainer.status != ConditionStatus.TRUE:
+        return False
+    if not (p.status.rollout_failures or p.status.last_failure):
+        return False
+    if p.status.ready_replicas < desired:
         return False
     last = p.status.last_failure_time
-    return last is None or time.time() - _parse(last) > 30
+    return last is None or seconds_since(last) > 30
 
 
 # --- status --------------------------------------------------------------------------------
 
 
-def _heartbeat_figures(p: Pass) -> None:
+def _heartbeats(p: Pass) -> list[Heartbeat]:
+    """This group's workers' latest heartbeats (kept after their keys expire)."""
     if p.job is None:
-        return
+        return []
     channel = p.ctx.hub.channel(p.namespace, p.job.metadata.name)
     if channel is None:
-        return
-    mine = [
+        return []
+    return [
         hb
         for hb in channel.heartbeats.values()
         if hb.policy == p.group.spec.policy and hb.pod.startswith(f"{p.name}-")
     ]
+
+
+def _has_served(p: Pass, pod: str) -> bool:
+    """The pod said it serves (or drains) in a heartbeat."""
+    serving = (WorkerState.SERVING, WorkerState.DRAINING, WorkerState.DRAINED)
+    return any(hb.pod == pod and hb.state in serving for hb in _heartbeats(p))
+
+
+def _heartbeat_figures(p: Pass) -> None:
+    mine = _heartbeats(p)
     versions = [hb.weight_version for hb in mine if hb.role == Role.ROLLOUT.value]
     if versions:
         p.status.weight_version = min(versions)
     trainers = [hb for hb in mine if hb.role == Role.TRAINER.value]
+    done = [hb.weight_version for hb in trainers if hb.state == WorkerState.DONE]
+    if done:  # the final version, whether or not the rollouts got to it before they stopped
+        p.status.weight_version = max(done)
     if trainers:
         p.status.step = max(hb.step for hb in trainers)
         rewards = [hb.reward for hb in trainers if hb.reward is not None]
@@ -447,6 +483,7 @@ def _heartbeat_figures(p: Pass) -> None:
 
 
 def _phase_and_ready(p: Pass) -> None:
+    _workers_healthy(p)
     if p.blocked or p.status.phase == Phase.FAILED:
         return
     trainer = find_condition(p.status.conditions, "TrainerHealthy")
@@ -454,14 +491,27 @@ def _phase_and_ready(p: Pass) -> None:
     trainer_ok = trainer is None or trainer.status == ConditionStatus.TRUE
     rollouts_ok = rollouts is not None and rollouts.status == ConditionStatus.TRUE
     running = trainer_ok and (p.status.ready_replicas > 0 or p.group.spec.rollout.replicas == 0)
-    p.status.phase = Phase.RUNNING if running else Phase.PENDING
+    p.status.phase = Phase.RUNNING if running and not p.status.last_failure else Phase.PENDING
     ok = trainer_ok and rollouts_ok
+    if p.status.last_failure and not ok:
+        p.condition("Ready", False, "WorkerFailed", p.status.last_failure)
+        return
     p.condition(
         "Ready",
         ok,
         "Ready" if ok else "NotReady",
         "trainer and rollouts are ready" if ok else "waiting for pods",
     )
+
+
+def _workers_healthy(p: Pass) -> None:
+    """WorkersHealthy: False, quoting the last failed pod, until the group recovers."""
+    if p.status.phase == Phase.FAILED:
+        return  # set, with its reason, where the group failed
+    if p.status.last_failure is None:
+        p.condition("WorkersHealthy", True, "Healthy", "no pod of this group failed lately")
+    else:
+        p.condition("WorkersHealthy", False, "WorkerFailed", p.status.last_failure)
 
 
 async def _finish(p: Pass) -> None:

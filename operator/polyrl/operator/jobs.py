@@ -10,7 +10,6 @@ kept) when `spec.stop` is met.
 from __future__ import annotations
 
 import asyncio
-import calendar
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -18,8 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyrl.api import naming, plan
-from polyrl.api.base import ConditionStatus, find_condition
-from polyrl.api.resources import Phase, PolicyGroup, PolicyStatus, RLJob, RLJobStatus
+from polyrl.api.base import ConditionStatus, find_condition, now_rfc3339, seconds_since
+from polyrl.api.resources import (
+    Phase,
+    PolicyGroup,
+    PolicySpec,
+    PolicyStatus,
+    RLJob,
+    RLJobStatus,
+    WhenDeleted,
+)
 from polyrl.operator import metrics, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.natshub import NatsUnavailable
@@ -61,6 +68,8 @@ async def reconcile(
     groups: Sequence[Mapping[str, Any]],
     pods: Sequence[PodInfo],
 ) -> None:
+    if body["metadata"].get("deletionTimestamp"):
+        return  # being deleted: its finalizer removes what it has; nothing is made again
     started = time.monotonic()
     job = load(body)
     p = JobPass(ctx=ctx, body=body, job=job, status=job.status.model_copy(deep=True))
@@ -68,6 +77,7 @@ async def reconcile(
         await _free(p, pods)
     else:
         await _nats(p)
+        await _claims(p)
         await _groups(p, groups)
         await _workflow(p, pods)
     _status(p, groups)
@@ -95,6 +105,26 @@ def _set(p: JobPass, type_: str, ok: bool, reason: str, message: str) -> bool:
     p.condition(type_, ok, reason, message)
     wanted = ConditionStatus.TRUE if ok else ConditionStatus.FALSE
     return old is None or old.status != wanted
+
+
+async def _claims(p: JobPass) -> None:
+    """A checkpoint claim for each policy that names none (once per job and operator)."""
+    owner = render.owner_ref("RLJob", p.name, p.job.metadata.uid or "")
+    for policy in p.job.spec.policies:
+        spec = policy.trainer.checkpoint
+        key = (p.ns, naming.checkpoint_claim(p.name, policy.name), p.job.metadata.uid or "")
+        if spec.claim_name or key in p.ctx.claims:
+            continue
+        keep = spec.when_deleted == WhenDeleted.RETAIN
+        body = render.checkpoint_claim(p.job, policy, owner=None if keep else owner)
+        if await p.ctx.kube.ensure_claim(body):
+            p.event(
+                "Normal",
+                "CheckpointClaimCreated",
+                f"created PersistentVolumeClaim {key[1]} ({spec.size}) for policy "
+                f"{policy.name}'s checkpoints ({'kept' if keep else 'deleted'} with the job)",
+            )
+        p.ctx.claims.add(key)
 
 
 async def _groups(p: JobPass, groups: Sequence[Mapping[str, Any]]) -> None:
@@ -162,38 +192,67 @@ async def _workflow(p: JobPass, pods: Sequence[PodInfo]) -> None:
     ).workflow()
     owner = render.owner_ref("RLJob", p.name, p.job.metadata.uid or "")
     by_name = {x.name: x for x in runners}
+    waiting = not scaling.backoff_over(p.status.last_failure_time, p.status.workflow_failures)
     for launch in launches:
         current = by_name.get(launch.name)
         body = render.pod(
             launch, namespace=p.ns, owner=owner, nats_secret=p.job.spec.nats.credentials_secret
         )
         if current is None:
-            await p.ctx.kube.create_pod(body)
+            if not waiting:
+                await p.ctx.kube.create_pod(body)
         elif not current.deleting and (
             current.terminal or current.spec_hash != render.spec_hash(body["spec"])
         ):
             await p.ctx.kube.delete_pod(p.ns, current.name, current.uid)
             if current.phase == "Failed":
-                p.event("Warning", "WorkflowRunnerFailed", f"{current.name} failed; replacing it")
+                _workflow_failed(p, current)
+    if not waiting and runners and all(x.ready for x in runners) and _calm(p):
+        p.status.workflow_failures, p.status.last_failure = 0, None
+
+
+def _workflow_failed(p: JobPass, pod: PodInfo) -> None:
+    p.status.workflow_failures += 1
+    p.status.last_failure_time = now_rfc3339()
+    p.status.last_failure = pod.failure()
+    delay = scaling.backoff_delay(p.status.workflow_failures)
+    p.event(
+        "Warning", "WorkflowRunnerFailed", f"{p.status.last_failure}; replacing it with backoff"
+    )
+    if pod.invalid_input:
+        _end(p, Phase.FAILED, "InvalidInput", p.status.last_failure)
+    log.info("%s/%s: workflow runner failed, next in %.0fs", p.ns, p.name, delay)
+
+
+def _calm(p: JobPass) -> bool:
+    """Thirty seconds without a workflow-runner failure."""
+    last = p.status.last_failure_time
+    return last is None or seconds_since(last) > 30
 
 
 def _policy_status(
-    name: str, groups: Sequence[PolicyGroup], owned: PolicyGroup | None
+    job: RLJob, policy: PolicySpec, groups: Sequence[PolicyGroup], owned: PolicyGroup | None
 ) -> PolicyStatus:
-    mine = [g for g in groups if g.spec.policy == name]
+    mine = [g for g in groups if g.spec.policy == policy.name]
     trainer_ready = owned is not None and any(
         c.type == "TrainerHealthy" and c.status == ConditionStatus.TRUE
         for c in owned.status.conditions
     )
-    versions = [g.status.weight_version for g in mine if g.status.ready_replicas > 0]
+    # Groups without a ready rollout would drag the figure to 0; once none is ready (the job
+    # ended), the job's own group says what it last served, or the trainer's final version.
+    ready = [g.status.weight_version for g in mine if g.status.ready_replicas > 0]
+    completed = owned is not None and owned.status.trainer_completed
+    own_version = owned.status.weight_version if owned else 0
     return PolicyStatus(
-        name=name,
+        name=policy.name,
         step=owned.status.step if owned else 0,
         reward=owned.status.reward if owned else None,
-        weight_version=min(versions) if versions else 0,
+        weight_version=own_version if completed or not ready else min(ready),
         ready_rollouts=sum(g.status.ready_replicas for g in mine),
         desired_rollouts=sum(g.spec.rollout.replicas for g in mine),
         trainer_ready=trainer_ready,
+        completed=completed,
+        output=plan.checkpoint_output(job, policy),
     )
 
 
@@ -210,7 +269,7 @@ def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]]) -> None:
     ]
     by_name = {g.metadata.name: g for g in groups}
     policies = [
-        _policy_status(pol.name, groups, by_name.get(naming.policy_group(p.name, pol.name)))
+        _policy_status(p.job, pol, groups, by_name.get(naming.policy_group(p.name, pol.name)))
         for pol in p.job.spec.policies
     ]
     p.status.policies = policies
@@ -226,23 +285,26 @@ def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]]) -> None:
 
 def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> None:
     phase = Phase(p.status.phase)
+    unhealthy = _workers_healthy(p, groups)
     if phase.is_terminal():
         return
-    failed = [
-        g.metadata.name
-        for g in groups
-        if g.status.phase == Phase.FAILED and g.spec.trainer is not None
-    ]
+    failed = [g for g in groups if g.status.phase == Phase.FAILED and g.spec.trainer is not None]
     if failed:
-        _end(p, Phase.FAILED, "PolicyFailed", f"policy group(s) {', '.join(failed)} failed")
+        causes = "; ".join(
+            f"{g.metadata.name}: {g.status.last_failure or 'failed'}" for g in failed
+        )
+        _end(p, Phase.FAILED, "PolicyFailed", f"policy group(s) failed: {causes}")
     elif _stop_reached(p):
         _end(p, Phase.SUCCEEDED, "StopReached", _stop_message(p))
     elif p.job.spec.suspend:
         p.status.phase = Phase.SUSPENDED
         p.condition("Ready", False, "Suspended", "spec.suspend is true; all pods are freed")
+    elif unhealthy is not None:
+        p.status.phase = Phase.PENDING  # not Running while its workers keep failing
+        p.condition("Ready", False, "WorkerFailed", unhealthy)
     else:
         p.status.phase = Phase.RUNNING if all_ready else Phase.PENDING
-        p.status.start_time = p.status.start_time or (_now() if all_ready else None)
+        p.status.start_time = p.status.start_time or (now_rfc3339() if all_ready else None)
         p.condition(
             "Ready",
             all_ready,
@@ -251,13 +313,27 @@ def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> Non
         )
 
 
+def _workers_healthy(p: JobPass, groups: Sequence[PolicyGroup]) -> str | None:
+    """WorkersHealthy on the job: its workflow runners' and its groups' together. Returns
+    why it is False, or None."""
+    causes = [p.status.last_failure] if p.status.last_failure else []
+    for group in groups:
+        cond = find_condition(group.status.conditions, "WorkersHealthy")
+        if cond is not None and cond.status == ConditionStatus.FALSE:
+            causes.append(f"{group.metadata.name}: {cond.message}")
+    if not causes:
+        p.condition("WorkersHealthy", True, "Healthy", "no worker pod failed lately")
+        return None
+    p.condition("WorkersHealthy", False, "WorkerFailed", "; ".join(causes))
+    return "; ".join(causes)
+
+
 def _stop_reached(p: JobPass) -> bool:
     stop = p.job.spec.stop
     if _steps_done(p):
         return True
     if stop.duration_seconds is not None and p.status.start_time:
-        started = calendar.timegm(time.strptime(p.status.start_time, "%Y-%m-%dT%H:%M:%SZ"))
-        return time.time() - started >= stop.duration_seconds
+        return seconds_since(p.status.start_time) >= stop.duration_seconds
     return False
 
 
@@ -266,8 +342,11 @@ def _steps_done(p: JobPass) -> bool:
     budgets = p.job.spec.all_steps()
     if not budgets:
         return False
+    done = {x.name for x in p.status.policies if x.completed}
     steps = {x.name: x.step for x in p.status.policies}
-    return all(name in steps and steps[name] >= last for name, last in budgets.items())
+    return all(
+        name in done or (name in steps and steps[name] >= last) for name, last in budgets.items()
+    )
 
 
 def _stop_message(p: JobPass) -> str:
@@ -285,18 +364,16 @@ def _stop_message(p: JobPass) -> str:
 
 def _end(p: JobPass, phase: Phase, reason: str, message: str) -> None:
     p.status.phase = phase
-    p.status.completion_time = _now()
+    p.status.completion_time = now_rfc3339()
     p.condition("Ready", False, reason, message)
     p.condition("Stopped", True, reason, message)
+    # As a batch Job says how it ended: Complete or Failed, True.
+    p.condition("Complete" if phase == Phase.SUCCEEDED else "Failed", True, reason, message)
     p.event(
         "Normal" if phase == Phase.SUCCEEDED else "Warning",
         reason,
         f"job {phase.value}: {message}; pods are freed, status is kept",
     )
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 async def _finish(p: JobPass) -> None:

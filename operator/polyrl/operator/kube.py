@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import socket
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from polyrl.api.base import GROUP, VERSION
+from polyrl.api.base import GROUP, VERSION, now_rfc3339
 from polyrl.operator import metrics
 
 T = TypeVar("T")
@@ -37,6 +38,7 @@ class Kube:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.identity = socket.gethostname()
+        self.event_counts: dict[str, int] = {}  # event name -> count posted (aggregation)
 
     async def _call(self, verb: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         metrics.API_REQUESTS.labels(verb=verb).inc()
@@ -78,6 +80,19 @@ class Kube:
         except ApiException as err:
             if err.status != 409:
                 raise
+
+    async def ensure_claim(self, body: dict[str, Any]) -> bool:
+        """Create a PersistentVolumeClaim; False when it exists already (left as it is)."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            await self._call(
+                "create", self.core.create_namespaced_persistent_volume_claim, namespace, body
+            )
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            return False
+        return True
 
     async def create_custom(self, plural: str, body: dict[str, Any]) -> bool:
         try:
@@ -133,11 +148,24 @@ class Kube:
         return dict(secret.data or {})
 
     async def event(self, obj: dict[str, Any], *, type: str, reason: str, message: str) -> None:
-        """A core/v1 Event on `obj` (what `kubectl describe` lists)."""
+        """A core/v1 Event on `obj` (what `kubectl describe` lists). The same event again
+        (same object, type, reason and message: a pod failing the same way) raises the
+        first one's count instead of adding another, as the kubelet's recorder does."""
         meta = obj["metadata"]
-        now = _now()
+        now = now_rfc3339()
+        key = f"{meta.get('uid')}/{type}/{reason}/{message}"
+        name = f"{meta['name']}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        seen = self.event_counts.get(name)
+        if seen is not None:
+            self.event_counts[name] = seen + 1
+            patch = {"count": seen + 1, "lastTimestamp": now}
+            with contextlib.suppress(ApiException):
+                await self._call(
+                    "patch", self.core.patch_namespaced_event, name, meta["namespace"], patch
+                )
+                return
         body = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"name": name, "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"),
                 "kind": obj["kind"],
@@ -155,11 +183,8 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
+        if len(self.event_counts) > 10_000:  # a long-lived operator forgets old ones
+            self.event_counts.clear()
+        self.event_counts[name] = 1
         with contextlib.suppress(ApiException):  # best effort; never fail a reconcile over it
             await self._call("create", self.core.create_namespaced_event, meta["namespace"], body)
-
-
-def _now() -> str:
-    import datetime
-
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -47,8 +47,14 @@ class JobChannel:
         self.drained: dict[str, Drained] = {}
         self.tasks: list[asyncio.Task[None]] = []
         self.subs: list[Subscription] = []
+        self.watchers: list[Any] = []  # KV watchers: each holds a subscription of its own
 
     async def close(self) -> None:
+        """Stop everything this job opened: a KV watcher left running keeps re-creating its
+        consumer on a deleted stream ("stream not found", every few seconds, forever)."""
+        for watcher in self.watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
         for sub in self.subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -56,6 +62,7 @@ class JobChannel:
             task.cancel()
         self.subs.clear()
         self.tasks.clear()
+        self.watchers.clear()
 
 
 class NatsHub:
@@ -87,6 +94,7 @@ class NatsHub:
             conn = await asyncio.wait_for(
                 nats.connect(
                     url,
+                    name="polyrl-operator",  # how monitoring (/connz) tells its connections
                     connect_timeout=self.settings.nats_timeout,
                     max_reconnect_attempts=-1,
                     allow_reconnect=True,
@@ -154,11 +162,12 @@ class NatsHub:
 
         channel.subs.append(await conn.subscribe(names.drained_wildcard, cb=on_drained))
         kv = await conn.jetstream().key_value(names.heartbeats_bucket)
-        channel.tasks.append(asyncio.create_task(self._mirror(kv, channel, names.namespace)))
+        watcher = await kv.watchall()
+        channel.watchers.append(watcher)
+        channel.tasks.append(asyncio.create_task(self._mirror(watcher, channel, names.namespace)))
         return channel
 
-    async def _mirror(self, kv: Any, channel: JobChannel, namespace: str) -> None:
-        watcher = await kv.watchall()
+    async def _mirror(self, watcher: Any, channel: JobChannel, namespace: str) -> None:
         async for entry in watcher:
             if entry is None:
                 continue

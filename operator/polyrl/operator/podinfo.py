@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polyrl.api import naming
+from polyrl.api.launch import EXIT_INVALID_INPUT, INVALID_INPUT_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +31,27 @@ class PodInfo:
     created: str
     spec_hash: str
     problem: tuple[str, str] | None  # (reason, message) when the pod cannot run
+    exit_code: int | None = None  # of its container, once it terminated
+    message: str = ""  # the container's termination message (why it stopped), or the pod's
 
     @property
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def invalid_input(self) -> bool:
+        """The worker refused its input (exit 2, or said so first thing in its termination
+        message): running it again cannot help."""
+        said = self.exit_code == EXIT_INVALID_INPUT or INVALID_INPUT_PREFIX in self.message
+        return self.phase == "Failed" and said
+
+    def failure(self) -> str:
+        """What a failed pod said, for conditions and events: exit code and message."""
+        lines = self.message.strip().splitlines()
+        said = [x for x in lines if x.startswith(INVALID_INPUT_PREFIX)] or lines
+        why = said[-1].removeprefix(INVALID_INPUT_PREFIX) if said else "no message"
+        how = "failed" if self.exit_code is None else f"exited {self.exit_code}"
+        return f"{self.role} pod {self.name} {how}: {why}"
 
     @property
     def active(self) -> bool:
@@ -58,6 +76,16 @@ def _problem(status: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The first container's terminated state: now, or its last one if it was restarted."""
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        found = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if found:
+            return dict(found)
+    return {}
+
+
 def from_body(body: Mapping[str, Any]) -> PodInfo:
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
@@ -66,6 +94,7 @@ def from_body(body: Mapping[str, Any]) -> PodInfo:
         for c in status.get("conditions") or []
     )
     drain = annotations.get(naming.A_DRAIN_STARTED)
+    terminated = _terminated(status)
     return PodInfo(
         name=meta["name"],
         namespace=meta["namespace"],
@@ -82,4 +111,6 @@ def from_body(body: Mapping[str, Any]) -> PodInfo:
         created=meta.get("creationTimestamp") or "",
         spec_hash=annotations.get(naming.A_SPEC_HASH, ""),
         problem=_problem(status),
+        exit_code=terminated.get("exitCode"),
+        message=(terminated.get("message") or status.get("message") or "")[:2048],
     )

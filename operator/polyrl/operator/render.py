@@ -1,4 +1,5 @@
-"""Rendering plan output as Kubernetes objects: Pods, the trainer Service, PolicyGroups.
+"""Rendering plan output as Kubernetes objects: Pods, the trainer Service, PolicyGroups,
+checkpoint claims.
 
 Pods satisfy Pod Security `restricted` (non-root, no privilege escalation, all capabilities
 dropped, RuntimeDefault seccomp, read-only root with a writable /tmp; trainers also get a
@@ -16,8 +17,8 @@ from typing import Any
 
 from polyrl.api import naming
 from polyrl.api.base import API_VERSION
-from polyrl.api.launch import POD_NAME_ENV, RDZV_PORT, Role, WorkerLaunch
-from polyrl.api.resources import PolicyGroup
+from polyrl.api.launch import CHECKPOINT_MOUNT, POD_NAME_ENV, RDZV_PORT, Role, WorkerLaunch
+from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob
 
 RUN_AS = 65532
 
@@ -69,12 +70,17 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        # Workers write why they stop to /dev/termination-log; a crash without a word
+        # leaves the end of its log there instead. The operator quotes it in conditions.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if launch.resources is not None:
         container["resources"] = launch.resources.to_api()
     if launch.role == Role.TRAINER:
         container["ports"] = [{"name": "rdzv", "containerPort": RDZV_PORT}]
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    if launch.checkpoint_claim:
+        container["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
     return container
 
 
@@ -101,6 +107,9 @@ def pod_spec(
         # model), and NCCL uses it too; a container's own /dev/shm is 64 MiB. Memory-backed, it
         # counts against the pod's memory limit.
         spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    if launch.checkpoint_claim:
+        claim = {"claimName": launch.checkpoint_claim}
+        spec["volumes"].append({"name": "checkpoints", "persistentVolumeClaim": claim})
     if launch.node_selector:
         spec["nodeSelector"] = dict(launch.node_selector)
     if launch.tolerations:
@@ -136,6 +145,37 @@ def pod(
         },
         "spec": spec,
     }
+
+
+def checkpoint_claim(
+    job: RLJob, policy: PolicySpec, *, owner: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The PersistentVolumeClaim the operator makes for `policy`'s checkpoints; owned by the
+    job (deleted with it) only under `whenDeleted: Delete`."""
+    spec = policy.trainer.checkpoint
+    meta: dict[str, Any] = {
+        "name": naming.checkpoint_claim(job.metadata.name, policy.name),
+        "namespace": job.metadata.namespace,
+        "labels": {
+            naming.L_JOB: job.metadata.name,
+            naming.L_POLICY: policy.name,
+            naming.L_MANAGED_BY: naming.MANAGED_BY,
+        },
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": meta,
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": str(spec.size)}},
+        },
+    }
+    if spec.storage_class_name:
+        body["spec"]["storageClassName"] = spec.storage_class_name
+    return body
 
 
 def trainer_service(group: PolicyGroup, *, owner: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """Starting the operator: `polyrl operator [--namespace NS ...] [--liveness URL]`.
 
-Peering is on by default (`ClusterKopfPeering` named `polyrl`, installed by the chart), so an
-accidental second operator pauses instead of fighting; `--standalone` turns it off for
-development clusters without the peering CRD.
+Peering is on by default (`ClusterKopfPeering` named `polyrl`, installed by the chart), so
+two operators never act at once; `--standalone` turns it off for development clusters
+without the peering CRD. Each operator's peering priority is its start time, so the newest
+one acts and older ones pause: a restarted operator (after a crash, a SIGKILL or an
+upgrade) works at once, instead of pausing until the dead one's peering record expires, and
+an operator started by mistake beside a running one takes over while the first waits.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 
 from prometheus_client import start_http_server
+
+EXIT_STALE_CRDS = 3
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,6 +45,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--peering", default="polyrl", help="ClusterKopfPeering name (default: polyrl)"
     )
     parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority (default: the start time in milliseconds, so the newest operator "
+        "acts and older ones pause)",
+    )
+    parser.add_argument(
         "--liveness", default=None, help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz"
     )
     parser.add_argument(
@@ -55,9 +68,18 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kopf").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    # When this operator pauses for a newer one, and when it resumes, is worth a log line.
+    logging.getLogger("kopf._core.engines.peering").setLevel(logging.INFO)
     import kopf
 
+    from polyrl.operator import crdcheck, kube
     from polyrl.operator import main as handlers
+
+    api = kube.load_client()
+    problems = crdcheck.mismatches(api)
+    if problems:
+        crdcheck.report(api, problems)
+        return EXIT_STALE_CRDS
 
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0")
@@ -69,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 namespaces=args.namespace,
                 standalone=args.standalone,
                 peering_name=None if args.standalone else args.peering,
+                priority=int(time.time() * 1000) if args.priority is None else args.priority,
                 liveness_endpoint=args.liveness,
             )
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from polyrl.api.base import seconds_since
 from polyrl.operator.podinfo import PodInfo
 
 BACKOFF_BASE = 1.0
@@ -37,6 +38,14 @@ def free_indices(used: Iterable[int], count: int) -> list[int]:
             found.append(i)
         i += 1
     return found
+
+
+def backoff_over(last_failure: str | None, failures: int) -> bool:
+    """True once the backoff after `failures` consecutive failures (the last at
+    `last_failure`, RFC 3339) has passed."""
+    if not last_failure or failures <= 0:
+        return True
+    return seconds_since(last_failure) >= backoff_delay(failures)
 
 
 def backoff_delay(failures: int) -> float:

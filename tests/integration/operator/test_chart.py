@@ -31,6 +31,7 @@ OPERATOR_RULES = [
     ),
     (["polyrl.dev"], ["rljobs/status", "policygroups/status"], ["get", "update", "patch"]),
     ([""], ["pods", "services"], ["get", "list", "watch", "create", "update", "patch", "delete"]),
+    ([""], ["persistentvolumeclaims"], ["create"]),
     ([""], ["events"], ["create", "patch"]),
     (["events.k8s.io"], ["events"], ["create", "patch"]),
     ([""], ["secrets"], ["get"]),

@@ -145,3 +145,26 @@ def test_nats_names_are_namespaced_by_job_and_policy() -> None:
     assert naming.active_rollout_selector("g") == (
         "polyrl.dev/policy-group=g,polyrl.dev/role=rollout,!polyrl.dev/draining"
     )
+
+
+def test_only_the_first_trainer_pod_mounts_the_checkpoint_claim_keyed_by_the_job_uid() -> None:
+    owned = job().model_copy(update={"metadata": job().metadata.model_copy(update={"uid": "u-42"})})
+    trainers = [x for x in plan.plan(owned, nats_url=URL).launches if x.role == Role.TRAINER]
+    first, second = trainers[0], trainers[1]
+    assert first.checkpoint_claim == "math-solver-checkpoints"
+    assert first.env["POLYRL_TRAINER_DIR"] == "/var/lib/polyrl/u-42"
+    assert second.checkpoint_claim is None
+    assert "POLYRL_TRAINER_DIR" not in second.env
+    solver = owned.spec.policies[0]
+    assert plan.checkpoint_output(owned, solver) == (
+        "pvc://math-solver-checkpoints/u-42/team/math/solver/checkpoint"
+    )
+
+
+def test_a_policy_can_name_its_own_checkpoint_claim() -> None:
+    named = job()
+    named.spec.policies[1].trainer.checkpoint.claim_name = "models"
+    launches = plan.plan(named, nats_url=URL).launches
+    verifier = next(x for x in launches if x.name == "math-verifier-trainer-0")
+    assert verifier.checkpoint_claim == "models"
+    assert plan.checkpoint_output(named, named.spec.policies[1]).startswith("pvc://models/")

@@ -50,3 +50,27 @@ def test_stop_lets_the_workflow_finish_before_rollouts_and_trainers_get_sigterm(
     # each got SIGTERM only once the one before had exited
     assert stopped["rollout"] - stopped["workflow"] >= 0.25
     assert stopped["trainer"] - stopped["rollout"] >= 0.25
+
+
+def test_a_failed_process_is_reported_with_its_termination_message_or_its_logs_end(
+    tmp_path: Path,
+) -> None:
+    job = jobfile.load(REPO / "examples" / "quickstart.yaml")
+    run = LocalRun(job=job, run_dir=tmp_path)
+    said = run.termination_log("said")
+    said.parent.mkdir(parents=True)
+    script = f"open({str(said)!r}, 'w').write('invalid input: unknown task x\\\\n'); exit(2)"
+    run.procs["said"] = processes.start(
+        "said", [sys.executable, "-c", script], log=tmp_path / "said.log"
+    )
+    crash = "print('loading'); raise RuntimeError('boom')"
+    run.procs["crash"] = processes.start(
+        "crash", [sys.executable, "-c", crash], log=tmp_path / "crash.log"
+    )
+    for proc in run.procs.values():
+        assert proc.popen is not None
+        proc.popen.wait(timeout=30)
+    failed = "\n".join(run.failed())
+    assert "said exited 2: invalid input: unknown task x" in failed
+    assert "crash exited 1: " in failed
+    assert "RuntimeError: boom" in failed  # the end of its log, where it left no message

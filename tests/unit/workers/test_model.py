@@ -170,3 +170,26 @@ def test_make_model_rejects_sources_it_cannot_load(
 def test_seed_for_a_name_is_a_fixed_function_of_the_name() -> None:
     # A literal: `hash()` would change with each process's salt, a pod restart included.
     assert tiny.seed_for("alpha") == SEED_OF_ALPHA
+
+
+def test_a_model_path_that_cannot_be_a_causal_lm_is_refused_with_its_cause(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    def refused(path: Path | str) -> str:
+        with pytest.raises(ValueError, match="model path") as err:
+            tiny.check_source(ModelSource(path=str(path)))
+        return str(err.value)
+
+    assert "does not exist" in refused(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    assert "is not a directory" in refused(tmp_path / "file")
+    (tmp_path / "empty").mkdir()
+    assert "holds no model config" in refused(tmp_path / "empty")
+    from transformers import ViTConfig  # an image model: no causal-LM head exists for it
+
+    vit = ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1)
+    vit.save_pretrained(tmp_path / "vit")
+    assert "'vit' model, which is not a causal language model" in refused(tmp_path / "vit")
+    causal = tiny.ensure_tiny_llama("checked", cache_dir)
+    tiny.check_source(ModelSource(path=str(causal)))  # a real causal LM passes
+    tiny.check_source(ModelSource(path="tiny-llama://checked"))

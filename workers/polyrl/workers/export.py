@@ -3,22 +3,29 @@
 A trainer checkpoint (`checkpoint.py`) already holds the weights, the model's config and the
 tokenizer; exporting adds nothing but a clean copy without optimizer state, in the dtype asked
 for, written atomically (a half-written export never looks finished). The source may be the
-checkpoint directory itself or a `polyrl run` run directory, where the policy's checkpoint is
-found by name.
+checkpoint directory itself (on a cluster: in the policy's checkpoint claim, where
+`status.policies[].output` points), a `polyrl run` run directory, where the policy's
+checkpoint is found by name, or a job's NATS, `nats://<host>:<port>/<namespace>/<job>`,
+where the latest announced weights are read from the policy's Object Store bucket with the
+model bundle (config and tokenizer) beside them, exactly as a rollout worker reads them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from polyrl.workers import checkpoint
 from polyrl.workers import model as models
+
+NATS_SCHEMES = ("nats://", "tls://")
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -72,3 +79,61 @@ def export_checkpoint(directory: Path, out_dir: Path, *, dtype: str = "bfloat16"
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def parse_nats_source(source: str) -> tuple[str, str, str]:
+    """`nats://host:port/<namespace>/<job>` -> (server URL, namespace, job)."""
+    url = urllib.parse.urlsplit(source)
+    parts = [p for p in url.path.split("/") if p]
+    if len(parts) != 2:
+        raise ExportError(f"{source}: name the job as nats://<host>:<port>/<namespace>/<job>")
+    return f"{url.scheme}://{url.netloc}", parts[0], parts[1]
+
+
+def export_from_nats(
+    source: str, policy: str | None, out_dir: Path, *, dtype: str = "bfloat16"
+) -> tuple[Path, int]:
+    """The latest weights `policy`'s trainer announced, as an HF directory; and their version."""
+    if policy is None:
+        raise ExportError("a job in NATS may hold several policies: pick one with --policy")
+    if out_dir.exists():
+        raise ExportError(f"{out_dir} already exists; choose a new output directory")
+    server, namespace, job = parse_nats_source(source)
+    with tempfile.TemporaryDirectory(prefix="polyrl-export-") as scratch:
+        directory, version = asyncio.run(
+            _fetch(server, namespace, job, policy, Path(scratch) / "checkpoint")
+        )
+        return export_checkpoint(directory, out_dir, dtype=dtype), version
+
+
+async def _fetch(
+    server: str, namespace: str, job: str, policy: str, dest: Path
+) -> tuple[Path, int]:
+    import nats
+
+    from polyrl.api.naming import JobNames
+    from polyrl.workers import bundle
+    from polyrl.workers.deltas import announce
+    from polyrl.workers.deltas.store import WeightStore
+    from polyrl.workers.deltas.sync import WeightSync
+
+    try:
+        nc = await nats.connect(server, connect_timeout=5, max_reconnect_attempts=0)
+    except Exception as err:
+        raise ExportError(f"cannot reach NATS at {server}: {type(err).__name__}") from None
+    try:
+        js, names = nc.jetstream(), JobNames(namespace=namespace, job=job)
+        latest = await announce.latest(js, names, policy)
+        if latest is None:
+            raise ExportError(f"job {namespace}/{job} has no weights of policy {policy!r} in NATS")
+        await bundle.fetch(js, names, policy, dest, timeout=10)
+        sync = WeightSync(await WeightStore.open(js, names.weights_bucket(policy)))
+        await sync.follow(latest)
+        assert sync.state is not None
+        config = AutoConfig.from_pretrained(dest, local_files_only=True)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
+        model.load_state_dict(sync.state)
+        model.save_pretrained(dest)
+        return dest, latest.version
+    finally:
+        await nc.close()

@@ -15,17 +15,24 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polyrl.workers import bundle, tasks
+from polyrl.workers import bundle, preflight, tasks
 from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.runtime import ConfigError, Runtime, load_config, torch_threads
+from polyrl.workers.runtime import (
+    ConfigError,
+    Runtime,
+    Unavailable,
+    fail,
+    load_config,
+    torch_threads,
+)
 from polyrl.workers.workflow_runner import WorkflowRunner
-from polyrl.workers.workflows import load_workflow
+from polyrl.workers.workflows import Workflow
 
 if TYPE_CHECKING:
     from polyrl.workers.rollout import RolloutWorker
 
 log = logging.getLogger("polyrl.worker")
-EXIT_CONFIG = 2
+EXIT_USAGE = 2
 
 
 async def build_rollout(
@@ -72,15 +79,15 @@ async def build_rollout(
     return RolloutWorker(rt, engine, tokenizer, weights)
 
 
-def build_workflow(rt: Runtime) -> WorkflowRunner:
+def build_workflow(
+    rt: Runtime, workflow: Workflow | None = None, task: tasks.Task | None = None
+) -> WorkflowRunner:
+    """The workflow runner, with the job's workflow and task unless given (loaded)."""
+    if workflow is None or task is None:
+        workflow, task = preflight.workflow_and_task(rt.config.spec)
     spec = rt.config.spec
     per_runner = max(1, spec.workflow.episodes_in_flight // spec.workflow.replicas)
-    return WorkflowRunner(
-        rt,
-        load_workflow(spec.workflow.name),
-        tasks.load_task(spec.workflow.task),
-        concurrency=per_runner,
-    )
+    return WorkflowRunner(rt, workflow, task, concurrency=per_runner)
 
 
 async def serve(role: str) -> None:
@@ -89,11 +96,15 @@ async def serve(role: str) -> None:
         raise ConfigError(
             f"this worker was started as {role!r} but its config says {config.role!r}"
         )
+    loaded = preflight.workflow_and_task(config.spec) if role == "workflow" else None
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
     beat = asyncio.create_task(rt.heartbeat_forever())
     try:
-        worker = await build_rollout(rt) if role == "rollout" else build_workflow(rt)
+        if loaded is not None:
+            worker: RolloutWorker | WorkflowRunner = build_workflow(rt, *loaded)
+        else:
+            worker = await build_rollout(rt)
         await worker.run()
     finally:
         beat.cancel()
@@ -110,12 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             "usage: polyrl worker rollout|workflow (the trainer runs under torchrun)",
             file=sys.stderr,
         )
-        return EXIT_CONFIG
+        return EXIT_USAGE
     try:
         asyncio.run(serve(argv[0]))
-    except ConfigError as err:
-        print(f"polyrl worker: {err}", file=sys.stderr)
-        return EXIT_CONFIG
+    except (ConfigError, Unavailable) as err:
+        return fail("polyrl worker", err)
     return 0
 
 

@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from transformers import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     LlamaConfig,
@@ -112,6 +114,32 @@ def make_model(
         )
     tokenizer_dir = Path(source.tokenizer) if source.tokenizer is not None else None
     return load_directory(Path(source.path), dtype=dtype, tokenizer_dir=tokenizer_dir)
+
+
+def check_source(source: ModelSource) -> None:
+    """Fail early, with the cause, for a model path that cannot be a causal LM: missing, not
+    a directory, without a config transformers reads, or of an architecture that is not a
+    causal language model. Reads only the config (no weights)."""
+    if source.path.startswith(TINY_SCHEME):
+        if not _NAME.match(source.path.removeprefix(TINY_SCHEME)):
+            raise ValueError(f"model {source.path!r}: not a valid tiny-llama name")
+        return
+    if source.path.startswith(_UNRESOLVED_SCHEMES):
+        return  # resolved by the caller (a claim's mount point)
+    directory = Path(source.path)
+    if not directory.exists():
+        raise ValueError(f"model path {source.path!r} does not exist")
+    if not directory.is_dir():
+        raise ValueError(f"model path {source.path!r} is not a directory")
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"model path {source.path!r} holds no model config: {err}") from None
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ValueError(
+            f"model path {source.path!r} holds a {config.model_type!r} model, which is not a "
+            "causal language model"
+        )
 
 
 def create_tiny_llama(name: str) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:

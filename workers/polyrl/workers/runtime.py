@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,16 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from polyrl.api import natsconfig
-from polyrl.api.launch import CONFIG_ENV, POD_NAME_ENV, WorkerConfig
+from polyrl.api.launch import (
+    CONFIG_ENV,
+    EXIT_INVALID_INPUT,
+    EXIT_UNAVAILABLE,
+    INVALID_INPUT_PREFIX,
+    POD_NAME_ENV,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+    WorkerConfig,
+)
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.wire import DeadLetter
@@ -80,7 +90,25 @@ class MetricsLog:
 
 
 class ConfigError(RuntimeError):
-    """The worker's environment does not describe a runnable worker."""
+    """The job's spec or inputs cannot work (an unknown workflow or task, a model path that is
+    not a model): starting the worker again cannot help."""
+
+
+class Unavailable(RuntimeError):
+    """Something the worker needs is not there yet (NATS): worth another try later."""
+
+
+def fail(prog: str, err: Exception) -> int:
+    """Report why this worker stops, on stderr and in its termination message (what the
+    operator quotes in its conditions, and `polyrl run` prints), and its exit status."""
+    invalid = isinstance(err, ConfigError)
+    said = f"{INVALID_INPUT_PREFIX if invalid else ''}{err}"
+    print(f"{prog}: {said}", file=sys.stderr, flush=True)
+    path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
+    # No such file outside a pod (or a local run): stderr has it.
+    with contextlib.suppress(OSError), open(path, "w") as out:
+        out.write(said[:4000] + "\n")
+    return EXIT_INVALID_INPUT if invalid else EXIT_UNAVAILABLE
 
 
 def load_config(env: dict[str, str] | None = None) -> tuple[WorkerConfig, str]:
@@ -135,7 +163,7 @@ class Runtime:
                 timeout=timeout,
             )
         except (TimeoutError, OSError, nats.errors.Error) as err:
-            raise ConfigError(
+            raise Unavailable(
                 f"cannot reach NATS at {config.nats_url}: {type(err).__name__}"
             ) from None
         js = nc.jetstream()

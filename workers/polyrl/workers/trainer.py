@@ -39,12 +39,12 @@ import torch.distributed as dist
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from polyrl.api.launch import WorkerConfig
+from polyrl.api.launch import TRAINER_DIR_ENV, WorkerConfig, trainer_subdir
 from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, UniformGroups, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import batching, bundle, checkpoint, evaluation, exam, grpo, ranks
+from polyrl.workers import batching, bundle, checkpoint, evaluation, exam, grpo, preflight, ranks
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
@@ -54,6 +54,8 @@ from polyrl.workers.runtime import (
     ConfigError,
     MetricsLog,
     Runtime,
+    Unavailable,
+    fail,
     load_config,
     torch_threads,
 )
@@ -470,6 +472,12 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         await leader.publishing
     trainer.save()
     log.info("version %d published and checkpoint saved", state.version)
+    if last_step is not None and state.step >= last_step:
+        # Said once more after the last step: the operator reads the final step and version
+        # from this heartbeat (the periodic ones went out before the last step).
+        rt.state = WorkerState.DONE
+        rt.figures |= {"step": state.step, "weight_version": state.version}
+        await rt.beat()
     # A fetch that timed out can still receive its late deliveries, which then sit unread in the
     # subscription's queue and hold the connection's drain until its timeout (30 s by default,
     # seen at the end of every quick start). Unacked, they are redelivered to a later trainer.
@@ -486,8 +494,8 @@ def shuffled_rewards(samples: list[batching.Sample], *, seed: int) -> list[batch
 
 
 def workdir_for(config: WorkerConfig) -> Path:
-    root = Path(os.environ.get("POLYRL_TRAINER_DIR", Path(tempfile.gettempdir()) / "polyrl"))
-    return root / config.namespace / config.job / (config.policy or "policy")
+    root = Path(os.environ.get(TRAINER_DIR_ENV, Path(tempfile.gettempdir()) / "polyrl"))
+    return root / trainer_subdir(config.namespace, config.job, config.policy or "policy")
 
 
 async def serve(config: WorkerConfig, pod: str) -> None:
@@ -505,6 +513,9 @@ async def serve(config: WorkerConfig, pod: str) -> None:
         return
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
+    # A resumed trainer says where it resumed from at once, not step 0 until its first step.
+    state = trainer.state
+    rt.figures = {"step": state.step, "weight_version": max(0, state.version)}
     beat = asyncio.create_task(rt.heartbeat_forever())
     try:
         await run(rt, trainer, workdir_for(config))
@@ -520,15 +531,17 @@ def main() -> int:
     )
     try:
         config, pod = load_config()
+        policy = config.spec.policy(config.policy or "")
+        if policy is None:
+            raise ConfigError(f"policy {config.policy!r} is not in the job's spec")
+        preflight.policy_model(policy)  # before the rendezvous: every rank fails at once
     except ConfigError as err:
-        print(f"polyrl trainer: {err}", file=sys.stderr)
-        return 2
+        return fail("polyrl trainer", err)
     ranks.init_process_group()
     try:
         asyncio.run(serve(config, pod))
-    except ConfigError as err:
-        print(f"polyrl trainer: {err}", file=sys.stderr)
-        return 2
+    except (ConfigError, Unavailable) as err:
+        return fail("polyrl trainer", err)
     finally:
         dist.destroy_process_group()
     return 0

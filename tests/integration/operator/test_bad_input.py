@@ -1,0 +1,154 @@
+"""Bad input found at run time becomes a condition that quotes its cause, within 60 s.
+
+The real workers run here (exec-mode pods): they check what they can at start-up (the
+workflow and task resolve, the model path is a causal LM) and say why they stop in their
+termination message; the operator quotes it on the PolicyGroup and the RLJob. A refusal of
+the input fails the job at once (running it again cannot help); other failures are retried
+with backoff while the job shows it is not healthy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.operator_stack import REAL_WORKERS, OperatorProcess, restricted_namespace
+
+from polyrl.testing.kube import Kubectl, condition, wait_for
+
+from .helpers import apply, events, get, job_doc
+
+pytestmark = pytest.mark.slow
+
+WITHIN = 60.0
+
+
+@pytest.fixture
+def real_ns(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[str]:
+    operator.use(REAL_WORKERS)
+    yield from restricted_namespace(kubectl, "exec")
+
+
+def bad_job(name: str, case: str) -> dict[str, Any]:
+    doc = job_doc(name)
+    spec = doc["spec"]
+    if case == "workflow":
+        spec["workflow"] = {"name": "nosuchmodule:fn"}
+    elif case == "task":
+        spec["workflow"] = {"task": {"name": "nosuchtask"}}
+    elif case == "model":
+        spec["policies"][0]["model"] = {"path": "/does/not/exist"}
+    return doc
+
+
+def condition_of(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next(
+        (c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == kind), None
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "cause"),
+    [
+        ("workflow", "No module named 'nosuchmodule'"),
+        ("task", "unknown task 'nosuchtask'"),
+        ("model", "model path '/does/not/exist' does not exist"),
+    ],
+)
+def test_input_a_worker_refuses_fails_the_job_quoting_the_cause(
+    kubectl: Kubectl, real_ns: str, case: str, cause: str
+) -> None:
+    ns, name = real_ns, f"bad-{case}"
+    started = time.monotonic()
+    apply(kubectl, ns, bad_job(name, case))
+
+    def failed() -> dict[str, Any] | None:
+        job = get(kubectl, ns, "rlj", name)
+        return job if job.get("status", {}).get("phase") == "Failed" else None
+
+    job = wait_for(f"job {name} Failed", failed, timeout=WITHIN)
+    seconds = time.monotonic() - started
+    print(f"{case}: Failed after {seconds:.1f}s: {condition_of(job, 'Failed')}")
+    said = condition_of(job, "Failed")
+    assert said is not None
+    assert said["status"] == "True"
+    assert cause in said["message"]
+    assert cause in (condition_of(job, "Ready") or {})["message"]
+    group = get(kubectl, ns, "pg", f"{name}-solver")
+    assert cause in (condition_of(group, "Ready") or {})["message"]  # the group says it too
+    assert group["status"]["phase"] == "Failed"
+    assert any(
+        cause in e["message"]
+        for e in events(kubectl, ns, name) + events(kubectl, ns, f"{name}-solver")
+    )
+
+
+def test_a_worker_that_keeps_failing_at_start_is_retried_and_the_job_shows_why(
+    kubectl: Kubectl, real_ns: str
+) -> None:
+    # No NATS at this address: every worker stops at start with "cannot reach NATS" (exit 69:
+    # worth retrying, so the job does not fail), again and again, with growing backoff.
+    ns = real_ns
+    doc = job_doc("no-nats", nats={"url": "nats://127.0.0.1:1"})
+    doc["spec"]["policies"][0]["trainer"] = {"restartLimit": 20}
+    apply(kubectl, ns, doc)
+
+    def unhealthy() -> dict[str, Any] | None:
+        job = get(kubectl, ns, "rlj", "no-nats")
+        cond = condition_of(job, "WorkersHealthy")
+        return (
+            job
+            if cond and cond["status"] == "False" and "cannot reach NATS" in cond["message"]
+            else None
+        )
+
+    job = wait_for("the job to say its workers fail", unhealthy, timeout=WITHIN)
+    assert job["status"]["phase"] == "Pending"  # not Running, not Failed
+    assert condition(job, "Ready") == "False"
+
+    def failures() -> list[dict[str, Any]]:
+        said = [
+            e for e in events(kubectl, ns, "no-nats-solver") if e["reason"] == "RolloutPodFailed"
+        ]
+        said += [e for e in events(kubectl, ns, "no-nats") if e["reason"] == "WorkflowRunnerFailed"]
+        return said
+
+    # Workers retry NATS for 10 s before they give up, then back off: a second failure of
+    # the same kind raises the count of the first event instead of adding one.
+    def counted_twice() -> list[dict[str, Any]] | None:
+        said = failures()
+        return said if max((e["count"] for e in said), default=0) >= 2 else None
+
+    repeated = wait_for("a failure counted twice", counted_twice, timeout=45)
+    assert len(repeated) <= 2, [e["message"] for e in repeated]  # one event per kind
+    assert get(kubectl, ns, "rlj", "no-nats")["status"]["phase"] == "Pending"
+
+
+def test_a_trainer_gang_that_cannot_meet_fails_within_its_rendezvous_timeout(
+    kubectl: Kubectl, real_ns: str
+) -> None:
+    # Two trainer pods that cannot reach their rendezvous store (here: its name does not
+    # resolve) give up after rendezvousTimeoutSeconds; the group says so, quoting torchrun.
+    ns = real_ns
+    doc = job_doc("gang")
+    doc["spec"]["policies"][0]["trainer"] = {
+        "replicas": 2,
+        "rendezvousTimeoutSeconds": 10,
+        "restartLimit": 5,
+    }
+    started = time.monotonic()
+    apply(kubectl, ns, doc)
+
+    def said() -> dict[str, Any] | None:
+        group = get(kubectl, ns, "pg", "gang-solver")
+        cond = condition_of(group, "WorkersHealthy")
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = wait_for("the gang's failure on the group", said, timeout=WITHIN)
+    print(f"after {time.monotonic() - started:.0f}s: {cond['message']}")
+    assert "trainer pod gang-solver-trainer-" in cond["message"]
+    assert "Rendezvous" in cond["message"] or "rendezvous" in cond["message"]
+    job = get(kubectl, ns, "rlj", "gang")
+    assert "gang-solver" in (condition_of(job, "WorkersHealthy") or {})["message"]

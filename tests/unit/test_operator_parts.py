@@ -1,0 +1,118 @@
+"""Pure parts of the operator: rendering checkpoint claims and pods, what a failed pod said,
+backoff, and the CRDs' schema hashes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polyrl.api import crds, naming, plan
+from polyrl.api.base import now_rfc3339
+from polyrl.api.launch import Role
+from polyrl.api.resources import RLJob
+from polyrl.operator import podinfo, render, scaling
+
+JOB: dict[str, Any] = {
+    "metadata": {"name": "math", "namespace": "team", "uid": "u-1"},
+    "spec": {
+        "policies": [
+            {
+                "name": "solver",
+                "model": {"path": "tiny-llama://s"},
+                "trainer": {"checkpoint": {"size": "2Gi", "storageClassName": "fast"}},
+            }
+        ]
+    },
+}
+
+
+def test_a_checkpoint_claim_is_owned_by_the_job_only_when_it_goes_with_it() -> None:
+    job = RLJob.model_validate(JOB)
+    policy = job.spec.policies[0]
+    owner = render.owner_ref("RLJob", "math", "u-1")
+    kept = render.checkpoint_claim(job, policy, owner=None)
+    assert kept["metadata"]["name"] == naming.checkpoint_claim("math", "solver")
+    assert "ownerReferences" not in kept["metadata"]
+    assert kept["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    assert kept["spec"]["storageClassName"] == "fast"
+    assert policy.trainer.checkpoint.when_deleted == "Retain"  # the default keeps the model
+    deleted = render.checkpoint_claim(job, policy, owner=owner)
+    assert deleted["metadata"]["ownerReferences"] == [owner]
+
+
+def test_the_first_trainer_pod_mounts_its_claim_and_every_pod_reports_its_end() -> None:
+    job = RLJob.model_validate(JOB)
+    launches = plan.plan(job, nats_url="nats://n:4222").launches
+    trainer = next(x for x in launches if x.role == Role.TRAINER)
+    pod = render.pod(trainer, namespace="team", owner={})
+    spec = pod["spec"]
+    assert {
+        "name": "checkpoints",
+        "persistentVolumeClaim": {"claimName": "math-solver-checkpoints"},
+    } in spec["volumes"]
+    container = spec["containers"][0]
+    assert {"name": "checkpoints", "mountPath": "/var/lib/polyrl"} in container["volumeMounts"]
+    for launch in launches:
+        rendered = render.pod(launch, namespace="team", owner={})["spec"]["containers"][0]
+        assert rendered["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def pod_body(exit_code: int, message: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "math-workflow-0",
+            "namespace": "team",
+            "labels": {naming.L_ROLE: "workflow"},
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"state": {"terminated": {"exitCode": exit_code, "message": message}}}
+            ],
+        },
+    }
+
+
+def test_a_failed_pod_says_why_and_whether_its_input_was_refused() -> None:
+    refused = podinfo.from_body(pod_body(2, "invalid input: unknown task 'nosuchtask'\n"))
+    assert refused.invalid_input
+    assert refused.failure() == "workflow pod math-workflow-0 exited 2: unknown task 'nosuchtask'"
+    # torchrun exits 1 whatever its ranks said: the message carries the verdict.
+    trainer = podinfo.from_body(
+        pod_body(1, "loading\ninvalid input: model path '/x' does not exist\n")
+    )
+    assert trainer.invalid_input
+    assert trainer.failure().endswith("exited 1: model path '/x' does not exist")
+    crashed = podinfo.from_body(pod_body(1, "Traceback...\nRuntimeError: boom\n"))
+    assert not crashed.invalid_input
+    assert crashed.failure().endswith("exited 1: RuntimeError: boom")
+
+
+def test_a_restarted_containers_last_state_is_read_too() -> None:
+    body = pod_body(0, "")
+    body["status"] = {
+        "phase": "Running",
+        "containerStatuses": [
+            {"state": {"running": {}}, "lastState": {"terminated": {"exitCode": 3, "message": "x"}}}
+        ],
+    }
+    info = podinfo.from_body(body)
+    assert (info.exit_code, info.message) == (3, "x")
+
+
+def test_backoff_is_over_only_after_its_delay() -> None:
+    assert scaling.backoff_over(None, 3)
+    assert scaling.backoff_over(now_rfc3339(), 0)
+    assert not scaling.backoff_over(now_rfc3339(), 3)  # 4 s after the third failure
+    assert scaling.backoff_over("2000-01-01T00:00:00Z", 30)
+
+
+def test_each_crd_carries_the_hash_of_its_schema_and_a_change_changes_it() -> None:
+    hashes = crds.schema_hashes()
+    assert set(hashes) == {"rljobs.polyrl.dev", "policygroups.polyrl.dev"}
+    crd = crds.rljob_crd()
+    assert crd["metadata"]["annotations"][crds.SCHEMA_HASH] == hashes["rljobs.polyrl.dev"]
+    changed = crds.rljob_crd()
+    changed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"
+    ].pop("suspend")
+    assert crds.spec_hash(changed["spec"]) != hashes["rljobs.polyrl.dev"]

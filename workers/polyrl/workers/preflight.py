@@ -1,0 +1,40 @@
+"""What can be checked of a job before any work starts, and is, by whoever starts it.
+
+A workflow runner loads the job's workflow and task before it connects to anything; a
+trainer checks its model path before its rendezvous; `polyrl run` checks all of it before it
+starts a process. A name that resolves to nothing, or a path that is not a causal language
+model, is a `ConfigError` naming the policy and the cause: the worker exits 2 saying so (the
+operator fails the job, quoting it), `polyrl run` prints it and starts nothing.
+"""
+
+from __future__ import annotations
+
+from polyrl.api.resources import PolicySpec, RLJobSpec
+from polyrl.workers import tasks
+from polyrl.workers.runtime import ConfigError
+from polyrl.workers.workflows import Workflow, load_workflow
+
+
+def workflow_and_task(spec: RLJobSpec) -> tuple[Workflow, tasks.Task]:
+    """The job's workflow and task, loaded (importing a `module:function` entry point)."""
+    try:
+        return load_workflow(spec.workflow.name), tasks.load_task(spec.workflow.task)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def policy_model(policy: PolicySpec) -> None:
+    """`policy`'s model path can be a causal LM (reads its config only)."""
+    from polyrl.workers import model  # transformers: not for the workflow runner's start
+
+    try:
+        model.check_source(policy.model)
+    except ValueError as err:
+        raise ConfigError(f"policy {policy.name!r}: {err}") from None
+
+
+def job(spec: RLJobSpec) -> None:
+    """Everything above, for the whole job."""
+    workflow_and_task(spec)
+    for policy in spec.policies:
+        policy_model(policy)
