@@ -30,9 +30,9 @@ $(UV):
 	@$(CACHE)/bootstrap/bin/pip install --quiet --disable-pip-version-check uv
 
 $(STAMP): pyproject.toml .ci/constraints.txt | $(UV)
-	@echo "installing polyrl[dev,train] into $(VENV)"
+	@echo "installing polyrl[dev,train,local] into $(VENV)"
 	@test -x $(PY) || $(UV) venv --quiet --python $(PYTHON) $(VENV)
-	@$(UV) pip install --quiet --python $(PY) -c .ci/constraints.txt -e '.[dev,train]'
+	@$(UV) pip install --quiet --python $(PY) -c .ci/constraints.txt -e '.[dev,train,local]'
 	@touch $@
 
 .PHONY: install
@@ -46,7 +46,7 @@ tools: $(STAMP) ## build (or reuse) kube-apiserver, controller-manager, schedule
 lint: $(STAMP) ## ruff (lint + format check), mypy, import-linter layer contracts
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
-	@$(VENV)/bin/mypy operator/polyrl workers/polyrl tests
+	@$(VENV)/bin/mypy operator/polyrl workers/polyrl tests examples scripts
 	@$(VENV)/bin/lint-imports --no-cache
 
 .PHONY: fmt

@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# The polyrl operator image: the `polyrl` package WITHOUT the train extra, so no torch, no
-# transformers (DESIGN §5: the operator never needs torch). Build from the repository root:
+# The polyrl operator image: the `polyrl` package WITHOUT extras, so no torch, no
+# transformers (the operator never needs them) and no nats-server (it never runs one). Build
+# from the repository root:
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/polyrl/operator:0.1.0 .
 # The chart (charts/polyrl) runs it as `polyrl operator --all-namespaces` with UID 65532 and a
 # read-only root filesystem (it writes only to the /tmp emptyDir the chart mounts).

@@ -33,7 +33,7 @@ from polyrl.workers import batching, grpo, tasks, warmup  # noqa: E402
 from polyrl.workers import model as models  # noqa: E402
 from polyrl.workers.engines.base import SamplingParams  # noqa: E402
 from polyrl.workers.engines.torch_engine import TorchEngine  # noqa: E402
-from polyrl.workers.trainer import scheduled_lr  # noqa: E402
+from polyrl.workers.learner import scheduled_lr  # noqa: E402
 
 
 def parse() -> argparse.Namespace:

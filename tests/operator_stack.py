@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from polyrl.testing import processes
+from polyrl.local import processes
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from polyrl._version import __version__
+from polyrl.bench import BENCHMARKS
 
 EXIT_USAGE = 2
 
@@ -21,43 +22,27 @@ EXIT_USAGE = 2
 def _run(args: argparse.Namespace) -> int:
     import time
 
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from polyrl.local import jobfile, progress, report, runner
 
-    from polyrl.local import jobfile, report, runner
-
-    console = Console(stderr=True)
     try:
         job = jobfile.load(args.job)
-        jobfile.preflight(job)
+        code_dir = args.job.resolve().parent
+        jobfile.preflight(job, code_dir=code_dir)
     except jobfile.JobFileError as err:
         print(f"polyrl run: {err}", file=sys.stderr)
         return EXIT_USAGE
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{job.metadata.name}-{stamp}"
-    run = runner.LocalRun(job, run_dir)
-    budgets = job.spec.all_steps()
-    total = sum(budgets.values()) if budgets else None
+    run = runner.LocalRun(job, run_dir, code_dir=code_dir)
+    policies = [p.name for p in job.spec.policies]
     runner.install_signal_handlers()
     code = 0
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-    )
     try:
-        with Progress(*columns, console=console) as progress:
-            task = progress.add_task(job.metadata.name, total=total, info="starting")
+        with progress.Progress(
+            run.metrics, job=job.metadata.name, policies=policies, budgets=job.spec.all_steps()
+        ) as shown:
             run.start()
-
-            def tick() -> None:
-                metrics = report.read_metrics(run.metrics)
-                done = sum(len(r) for r in metrics.values())
-                progress.update(task, completed=done, info=report.summary(metrics))
-
-            runner.wait(run, on_tick=tick)
-            tick()
+            runner.wait(run, on_tick=shown.tick)
     except runner.Interrupted as why:
         print(
             f"polyrl run: stopping ({why}): workers finish or hand back their work", file=sys.stderr
@@ -68,7 +53,11 @@ def _run(args: argparse.Namespace) -> int:
         code = 1
     finally:
         run.stop()
-    plotted = report.plot(report.read_metrics(run.metrics), run_dir / "plot.png")
+    state = report.read(run.metrics)
+    for line in report.summary(state, policies) if state.steps else []:
+        print(line, file=sys.stderr)
+    title = f"{job.metadata.name}: reward and held-out figures by trainer step"
+    plotted = report.plot(state, run_dir / "plot.png", title=title)
     print(
         f"run directory: {run_dir} (metrics.jsonl, plot.png, trainers/ checkpoints, logs/)",
         file=sys.stderr,
@@ -83,7 +72,9 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "run",
         help="run an RLJob on this machine (embedded nats-server, local processes)",
         description="Run the RLJob in JOB on this machine, without Kubernetes: an embedded "
-        "nats-server and the same worker processes the operator would start as pods.",
+        "nats-server and the same worker processes the operator would start as pods. A "
+        "workflow module named in the job (workflow.name: module:function) is looked up in "
+        "the job file's directory first.",
     )
     p.add_argument("job", type=Path, metavar="JOB", help="an RLJob manifest (YAML)")
     p.add_argument(
@@ -131,16 +122,6 @@ def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--check", action="store_true", help="only check that the files are current")
     p.set_defaults(func=_crds)
-
-
-# Each benchmark is a module with `run(*, quick: bool) -> dict[str, Any]` returning measured
-# figures (ratios against a baseline measured in the same run, since machines are noisy).
-BENCHMARKS = {
-    "operator": "polyrl.operator.bench",
-    "delta": "polyrl.workers.deltas.bench",
-    "engine": "polyrl.workers.engines.bench",
-    "pipeline": "polyrl.local.bench",
-}
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -24,9 +24,9 @@ import yaml
 from tests.operator_stack import OperatorProcess, PodLogs, explained, wait_no_pod_processes
 
 from polyrl.api.naming import JobNames
+from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, condition, wait_for
-from polyrl.testing.natsserver import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

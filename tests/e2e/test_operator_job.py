@@ -30,9 +30,9 @@ from tests.operator_stack import REPO, OperatorProcess, PodLogs, explained, wait
 
 from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
+from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
-from polyrl.testing.natsserver import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -143,6 +143,12 @@ def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_clean
         print(f"trained: {reached}")
         assert set(reached.steps) == {f"{job}-solver", f"{job}-verifier"}
         assert set(reached.versions) == {f"{job}-solver-rollout-0", f"{job}-verifier-rollout-0"}
+        for group in kubectl.json("get", "pg", "-n", real_ns)["items"]:
+            # Both policies were evaluated after their warm-up (step 0), as their workflow
+            # declares; the figure is the trainer's, in the PolicyGroup's status.
+            held_out = group["status"].get("heldOut")
+            assert isinstance(held_out, float | int), group["status"]
+            assert 0 <= held_out <= 1
         running = pods(kubectl, real_ns, job)
         assert len(running) == 5  # 2 trainers, 2 rollouts, 1 workflow runner
         assert get_phase(kubectl, real_ns, job) == "Running"  # deleted while it trains

@@ -8,7 +8,7 @@ quick-start commands, run as written (then `polyrl export`). The claims:
   40 points above its value at the start of RL (the step-0 evaluation, after the warm start);
 * the same run with `algorithm.shuffleRewards: true` (rewards permuted within each batch, so
   no completion is rewarded for being right) gains nothing;
-* the verifier's balanced accuracy rises on its exam (`evaluation.solver_answers`): the
+* the verifier's balanced accuracy rises on its exam (`workflows.solver_verifier.exam`): the
   warm-started solver's greedy answers to 500 held-out problems, right and wrong weighed
   equally, the same answers at every evaluation, so that a rise is the judge's own; while its
   held-out figure (right answers and the task's synthetic near misses) does not fall. The
@@ -20,8 +20,9 @@ quick-start commands, run as written (then `polyrl export`). The claims:
 
 The warm starts are seeded and repeat exactly on one machine, but not across machines: they
 follow the CPU's float arithmetic. Where the verifier's warm start already judges the exam at
-about 0.88 (sessions 6-9's machine), RL does not add +0.03 in 150 steps and the verifier's
-claim fails; from 0.62 (session 10's machine) it passed (docs/benchmarks.md, "Session 10").
+about 0.88, RL does not add +0.03 in 150 steps and the verifier's claim fails; where it starts
+at 0.62 (a 2-core AVX-512 machine) the claim holds (docs/benchmarks.md, "Learning: the quick
+start's claims").
 """
 
 from __future__ import annotations

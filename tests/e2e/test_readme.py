@@ -35,10 +35,10 @@ import pytest
 import yaml
 from tests import documented
 
+from polyrl.local.natsserver import NatsServer
 from polyrl.testing import tools
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, condition, wait_for
-from polyrl.testing.natsserver import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

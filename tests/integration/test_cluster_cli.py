@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from polyrl.testing import processes, tools
+from polyrl.local import processes
+from polyrl.testing import tools
 
 
 def cluster_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,7 +32,7 @@ def test_cluster_up_records_its_processes_and_down_stops_them(
     up = cluster_cli("up", "--dir", str(workdir), "--nodes", "1")
     assert up.returncode == 0, up.stderr
     assert f"export KUBECONFIG={workdir / 'admin.kubeconfig'}" in up.stdout
-    assert "cluster up in" in up.stdout
+    assert "cluster ready in" in up.stdout
     state = json.loads((workdir / "state.json").read_text())
     names = [p["name"] for p in state["processes"]]
     assert names == [

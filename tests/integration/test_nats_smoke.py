@@ -11,7 +11,7 @@ import nats
 import pytest
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from polyrl.testing.natsserver import NatsServer
+from polyrl.local.natsserver import NatsServer
 
 
 async def test_jetstream_delivers_published_messages_and_honours_acks(
@@ -61,14 +61,14 @@ async def test_the_object_store_round_trips_an_object_larger_than_one_chunk(
 
 def test_the_natsserver_command_prints_help_without_starting_a_server() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "polyrl.testing.natsserver", "--help"],
+        [sys.executable, "-m", "polyrl.local.natsserver", "--help"],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
     assert proc.returncode == 0
-    assert proc.stdout.startswith("usage: python -m polyrl.testing.natsserver")
+    assert proc.stdout.startswith("usage: python -m polyrl.local.natsserver")
     assert "Ctrl-C stops it" not in proc.stdout  # what a started server prints
 
 
@@ -81,7 +81,7 @@ def test_the_natsserver_command_serves_jetstream_until_ctrl_c() -> None:
             await nc.close()
 
     with subprocess.Popen(
-        [sys.executable, "-m", "polyrl.testing.natsserver"],
+        [sys.executable, "-m", "polyrl.local.natsserver"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,

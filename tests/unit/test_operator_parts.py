@@ -9,7 +9,7 @@ from polyrl.api import crds, naming, plan
 from polyrl.api.base import now_rfc3339
 from polyrl.api.launch import Role
 from polyrl.api.resources import RLJob
-from polyrl.operator import podinfo, render, scaling
+from polyrl.operator import metrics, podinfo, render, scaling
 
 JOB: dict[str, Any] = {
     "metadata": {"name": "math", "namespace": "team", "uid": "u-1"},
@@ -116,3 +116,31 @@ def test_each_crd_carries_the_hash_of_its_schema_and_a_change_changes_it() -> No
         "properties"
     ].pop("suspend")
     assert crds.spec_hash(changed["spec"]) != hashes["rljobs.polyrl.dev"]
+
+
+def test_the_pods_gauge_sums_every_loops_pods_and_drops_a_stopped_loops() -> None:
+    from dataclasses import dataclass
+
+    from prometheus_client import REGISTRY
+
+    @dataclass
+    class Pod:
+        role: str
+        phase: str
+
+    def pods(role: str, phase: str) -> float | None:
+        labels = {"role": role, "phase": phase}
+        return REGISTRY.get_sample_value("polyrl_operator_pods", labels)
+
+    metrics.observe_pods(("group", "ns", "a"), [Pod("rollout", "Running")] * 2)
+    metrics.observe_pods(
+        ("group", "ns", "b"), [Pod("rollout", "Running"), Pod("trainer", "Pending")]
+    )
+    assert pods("rollout", "Running") == 3
+    assert pods("trainer", "Pending") == 1
+    metrics.observe_pods(("group", "ns", "b"), [Pod("trainer", "Running")])
+    assert pods("trainer", "Pending") == 0  # a label no loop sees any more reads 0
+    metrics.forget_pods(("group", "ns", "a"))
+    assert pods("rollout", "Running") == 0
+    assert pods("trainer", "Running") == 1
+    metrics.forget_pods(("group", "ns", "b"))

@@ -3,4 +3,3 @@
 from polyrl._version import __version__
 
 DEFAULT_IMAGE = f"ghcr.io/polyrl/worker:{__version__}"
-OPERATOR_IMAGE = f"ghcr.io/polyrl/operator:{__version__}"

@@ -72,10 +72,24 @@ class ConditionStatus(enum.StrEnum):
     UNKNOWN = "Unknown"
 
 
+class ConditionType(enum.StrEnum):
+    """The conditions polyrl sets on RLJobs and PolicyGroups (`kubectl describe` shows them)."""
+
+    READY = "Ready"  # both kinds: everything it needs runs and serves
+    WORKERS_HEALTHY = "WorkersHealthy"  # both: no worker pod failed lately (else its cause)
+    TRAINER_HEALTHY = "TrainerHealthy"  # a PolicyGroup with the trainer: trains or finished
+    ROLLOUTS_READY = "RolloutsReady"  # a PolicyGroup: its rollout pods can run
+    NATS_READY = "NatsReady"  # an RLJob: its NATS streams and buckets exist
+    STOPPED = "Stopped"  # an RLJob that ended, either way
+    COMPLETE = "Complete"  # an RLJob that succeeded
+    FAILED = "Failed"  # an RLJob that failed
+
+
 class Condition(ApiModel):
     """A metav1.Condition: one aspect of an object's state, with why and since when."""
 
     type: str = Field(description="CamelCase kind of condition, e.g. Ready or TrainerHealthy.")
+    # (A plain string: an object may carry conditions other controllers set.)
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase, machine-readable cause of the last transition.")
     message: str = Field("", description="Human-readable details.")
@@ -86,11 +100,13 @@ class Condition(ApiModel):
 
 
 RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+RFC3339_MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"  # a MicroTime (Lease renewals, events' eventTime)
 
 
-def now_rfc3339() -> str:
-    """Now, as status and event timestamps are written (RFC 3339, UTC, whole seconds)."""
-    return datetime.datetime.now(datetime.UTC).strftime(RFC3339)
+def now_rfc3339(*, micro: bool = False) -> str:
+    """Now, as Kubernetes timestamps are written (RFC 3339, UTC; whole seconds, or micro-
+    seconds for MicroTime fields). The one clock for status, events, nodes and pods."""
+    return datetime.datetime.now(datetime.UTC).strftime(RFC3339_MICRO if micro else RFC3339)
 
 
 def seconds_since(stamp: str) -> float:
@@ -102,7 +118,7 @@ def seconds_since(stamp: str) -> float:
 def set_condition(
     conditions: list[Condition],
     *,
-    type: str,
+    type: ConditionType,
     status: ConditionStatus | bool,
     reason: str,
     message: str = "",
@@ -146,5 +162,5 @@ def set_condition(
     return True
 
 
-def find_condition(conditions: list[Condition], type: str) -> Condition | None:
+def find_condition(conditions: list[Condition], type: ConditionType) -> Condition | None:
     return next((c for c in conditions if c.type == type), None)

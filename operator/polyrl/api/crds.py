@@ -252,6 +252,8 @@ def policygroup_crd() -> dict[str, Any]:
         _col("Ready", ".status.readyReplicas", "integer", "Ready rollout pods"),
         _col("Desired", ".spec.rollout.replicas", "integer", "Desired rollout pods"),
         _col("Version", ".status.weightVersion", "integer", "Weight version served"),
+        _col("Step", ".status.step", "integer", "Trainer step (a group with the trainer)"),
+        _col("Held-out", ".status.heldOut", "number", "The trainer's last held-out figure"),
         _col("Age", ".metadata.creationTimestamp", "date"),
     ]
     scale = {

@@ -46,6 +46,10 @@ class Heartbeat(ApiModel):
     in_flight: int = Field(0, ge=0, description="Requests being generated now.")
     tokens_per_second: float = Field(0.0, ge=0, description="Recent generation throughput.")
     reward: float | None = Field(None, description="Recent mean reward (trainer).")
+    held_out: float | None = Field(
+        None,
+        description="The trainer's last held-out figure: its evaluation's headline (greedy accuracy for an answering policy, a verifier's balanced accuracy on its exam).",
+    )
     idle_fraction: float | None = Field(
         None,
         ge=0,

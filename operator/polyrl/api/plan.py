@@ -59,9 +59,6 @@ class Plan:
     policy_groups: list[PolicyGroup] = field(default_factory=list)
     launches: list[WorkerLaunch] = field(default_factory=list)
 
-    def for_group(self, group: str) -> list[WorkerLaunch]:
-        return [launch for launch in self.launches if launch.policy_group == group]
-
     def workflow(self) -> list[WorkerLaunch]:
         return [launch for launch in self.launches if launch.role == Role.WORKFLOW]
 

@@ -91,6 +91,21 @@ class Optimizer(ApiModel):
     )
 
 
+class Source(enum.StrEnum):
+    """Where a policy's warm-up examples, or its evaluation, come from."""
+
+    WORKFLOW = "workflow"  # what the workflow declares for the policy (a function: nothing)
+    TASK = "task"  # the task's problems and answers; its held-out split, greedy accuracy
+    NONE = "none"
+
+
+class SourceSpec(ApiModel):
+    source: Source = Field(
+        Source.WORKFLOW,
+        description="workflow: what the job's workflow declares for this policy (a plain function workflow declares nothing); task: the task's own problems and answers (warm-up) or greedy accuracy on its held-out split (evaluation); none: nothing.",
+    )
+
+
 class WhenDeleted(enum.StrEnum):
     """What becomes of an operator-made checkpoint claim when its RLJob is deleted."""
 
@@ -144,11 +159,15 @@ class TrainerSpec(ApiModel):
         description="Groups whose samples all got the same reward (all right, or all wrong) have zero GRPO advantages: they cost compute but add no policy gradient (only the KL term's pull, when klCoef > 0). keep: train on them anyway. skip: the trainer leaves them out of each batch and averages the loss over the other samples' tokens. refill (async mode; skip in sync mode): the workflow runner does not send them (at most 5 in a row), so the batches fill with groups that differ, as in DAPO's dynamic sampling; it costs more generation per step, and a policy whose samples come only from some episodes (a verifier's) can wait long for a batch. The trainer's reward figure covers its whole batch, which with refill holds only the groups that differ; trained_fraction is the share of the batch it trained on.",
     )
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
+    warmup: SourceSpec = Field(
+        default_factory=SourceSpec,
+        description="Where the supervised warm-up's examples come from (single and solver-verifier declare them for each of their policies).",
+    )
     warmup_steps: int = Field(
         0,
         ge=0,
         le=100000,
-        description="Supervised warm-up steps before RL: the workflow's first policy trains on the task's answers (GRPO needs some correct samples to learn from), a solver-verifier job's verifier on worked verdicts (the reference answer, then y or n).",
+        description="Supervised warm-up steps before RL, on the examples of `warmup` (GRPO needs some correct samples to learn from): in the built-in workflows, the task's answers for the answering policy and worked verdicts (the reference answer, then y or n) for a verifier. Refused where the policy has no warm-up examples.",
     )
     warmup_target_accuracy: float | None = Field(
         None,
@@ -162,10 +181,14 @@ class TrainerSpec(ApiModel):
         le=4096,
         description="Problems per supervised warm-up step. A small model's accuracy climbs late and then steeply, after a number of steps that varies several-fold with the seed; larger batches often bring the climb in fewer steps, each of which costs more.",
     )
+    eval: SourceSpec = Field(
+        default_factory=SourceSpec,
+        description="How the policy is evaluated (single and solver-verifier declare it for each of their policies).",
+    )
     eval_every: int = Field(
         0,
         ge=0,
-        description="Steps between greedy held-out accuracy evaluations of the workflow's first policy (0: never).",
+        description="Steps between held-out evaluations of the policy, by `eval` (0: never; also before and after the warm-up when not 0). Refused where the policy has no evaluation.",
     )
     restart_limit: int = Field(
         3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed."
@@ -422,6 +445,7 @@ class PolicyStatus(ApiModel):
     step: int = Field(0, ge=0, description="Trainer step.")
     weight_version: int = Field(0, ge=0, description="Latest published weight version.")
     reward: float | None = Field(None, description="Recent mean reward.")
+    held_out: float | None = Field(None, description="Last held-out figure of the trainer.")
     ready_rollouts: int = Field(0, ge=0, description="Ready rollout pods over all PolicyGroups.")
     desired_rollouts: int = Field(
         0, ge=0, description="Desired rollout pods over all PolicyGroups."
@@ -511,6 +535,9 @@ class PolicyGroupStatus(ApiModel):
     weight_version: int = Field(0, ge=0, description="Weight version the rollouts serve (lowest).")
     step: int = Field(0, ge=0, description="Trainer step (groups with a trainer).")
     reward: float | None = Field(None, description="Recent mean reward reported by the trainer.")
+    held_out: float | None = Field(
+        None, description="The trainer's last held-out figure (its evaluation's headline)."
+    )
     rollout_failures: int = Field(
         0, ge=0, description="Consecutive rollout pod failures (drives backoff)."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -41,12 +42,15 @@ def _explain(err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def preflight(job: RLJob) -> None:
+def preflight(job: RLJob, *, code_dir: Path | None = None) -> None:
     """Check, before any process starts, what the workers would check at their start (the
-    workflow and task resolve, every model path is a causal LM), and say what is wrong."""
+    workflow and task resolve, every model path is a causal LM), and say what is wrong.
+    `code_dir` is searched first for a `module:function` workflow, as the workers will."""
     from polyrl.workers import preflight as checks
     from polyrl.workers.runtime import ConfigError
 
+    if code_dir is not None and str(code_dir) not in sys.path:
+        sys.path.insert(0, str(code_dir))
     try:
         checks.job(job.spec)
     except ConfigError as err:

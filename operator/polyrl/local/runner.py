@@ -1,10 +1,12 @@
 """The local runner: `plan()`'s WorkerLaunches as processes around an embedded nats-server.
 
 There is no second way of wiring the system: each launch's command and env are used as
-the operator would put them in a Pod (`$(VAR)` expanded the same way), with three local
+the operator would put them in a Pod (`$(VAR)` expanded the same way), with four local
 additions: the process is named like its pod (POLYRL_POD_NAME), workers write metrics and
-checkpoints into the run directory, and torch uses one thread per process (on a small
-machine, more threads per process only contend). Every process is tracked by PID, in its
+checkpoints into the run directory, torch uses one thread per process (on a small machine,
+more threads per process only contend), and the job file's directory (`code_dir`) comes first
+on PYTHONPATH, so a workflow module beside the job file is found (on a cluster it is in the
+worker image). Every process is tracked by PID, in its
 own process group, and stopped on exit, Ctrl-C or SIGTERM.
 """
 
@@ -22,9 +24,9 @@ from types import FrameType
 from polyrl.api import plan
 from polyrl.api.launch import POD_NAME_ENV, TERMINATION_LOG_ENV, Role, WorkerLaunch
 from polyrl.api.resources import RLJob
-from polyrl.testing import processes
-from polyrl.testing.natsserver import NatsServer
-from polyrl.testing.nodeagent.podenv import expand
+from polyrl.local import processes
+from polyrl.local.natsserver import NatsServer
+from polyrl.local.podenv import expand
 
 # Consumers before what they consume. A workflow runner given SIGTERM lets its in-flight
 # episodes finish (up to its 20 s drain timeout), which needs the rollout workers still
@@ -42,6 +44,8 @@ class LocalRun:
     procs: dict[str, processes.Managed] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
     nats: NatsServer | None = None
+    code_dir: Path | None = None
+    """Put first on the workers' PYTHONPATH: where the job's own workflow module lives."""
 
     @property
     def metrics(self) -> Path:
@@ -67,6 +71,9 @@ class LocalRun:
             "OMP_NUM_THREADS": "1",
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         }
+        if self.code_dir is not None:
+            paths = [str(self.code_dir), env.get("PYTHONPATH", "")]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         argv = [expand(part, env) for part in launch.command]
         self.procs[launch.name] = processes.start(
             launch.name, argv, log=self.run_dir / "logs" / f"{launch.name}.log", env=env

@@ -17,7 +17,13 @@ from typing import Any
 
 from polyrl.api import naming, plan
 from polyrl.api._version import DEFAULT_IMAGE
-from polyrl.api.base import ConditionStatus, find_condition, now_rfc3339, seconds_since
+from polyrl.api.base import (
+    ConditionStatus,
+    ConditionType,
+    find_condition,
+    now_rfc3339,
+    seconds_since,
+)
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
@@ -95,7 +101,9 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
             if p.job is None
             else f"policy {p.group.spec.policy!r} in RLJob {p.group.spec.job_ref!r}"
         )
-        p.condition("Ready", False, reason, f"{what} does not exist; no pods are started")
+        p.condition(
+            ConditionType.READY, False, reason, f"{what} does not exist; no pods are started"
+        )
         p.status.phase, p.blocked = Phase.PENDING, True
         p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
         p.status.selector = naming.active_rollout_selector(p.name)
@@ -108,7 +116,7 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
         p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
         p.status.phase = Phase.SUSPENDED if p.job.spec.suspend else job_phase
         p.condition(
-            "Ready",
+            ConditionType.READY,
             False,
             "Suspended" if p.job.spec.suspend else job_phase.value,
             "the job is suspended" if p.job.spec.suspend else _ended(p.job),
@@ -127,7 +135,7 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
 
 def _ended(job: RLJob) -> str:
     """Why the job ended, as its own conditions say (a failure's cause, quoted)."""
-    said = find_condition(job.status.conditions, "Stopped")
+    said = find_condition(job.status.conditions, ConditionType.STOPPED)
     return f"the job has ended: {said.message}" if said and said.message else "the job has ended"
 
 
@@ -177,7 +185,7 @@ def _trainer_allowed(p: Pass) -> bool:
     if p.group.spec.trainer is not None and not owned:
         p.blocked = True
         p.condition(
-            "Ready",
+            ConditionType.READY,
             False,
             "DuplicateTrainer",
             f"policy {p.group.spec.policy!r} already has its trainer in "
@@ -216,11 +224,13 @@ async def _trainer(p: Pass, policy: PolicySpec, launches: list[WorkerLaunch]) ->
     running = [x for x in pods if x.phase == "Running" and not x.deleting]
     p.status.trainer_pods = len(running)
     if p.status.trainer_completed:
-        p.condition("TrainerHealthy", True, "Completed", "the trainer finished its last step")
+        p.condition(
+            ConditionType.TRAINER_HEALTHY, True, "Completed", "the trainer finished its last step"
+        )
     elif p.status.phase != Phase.FAILED and not failed:
         healthy = len(running) == len(launches)
         p.condition(
-            "TrainerHealthy",
+            ConditionType.TRAINER_HEALTHY,
             healthy,
             "Running" if healthy else "Starting",
             f"{len(running)}/{len(launches)} trainer pods running",
@@ -247,15 +257,15 @@ async def _restart_trainer(p: Pass, pods: list[PodInfo], failed: list[PodInfo], 
     if p.status.trainer_restarts >= limit:
         p.status.phase = Phase.FAILED
         message = f"trainer pod(s) {names} failed after {limit} restarts; {p.status.last_failure}"
-        p.condition("TrainerHealthy", False, "RestartLimitExceeded", message)
-        p.condition("WorkersHealthy", False, "RestartLimitExceeded", message)
+        p.condition(ConditionType.TRAINER_HEALTHY, False, "RestartLimitExceeded", message)
+        p.condition(ConditionType.WORKERS_HEALTHY, False, "RestartLimitExceeded", message)
         p.event(
             "Warning", "TrainerFailed", f"restart limit {limit} reached: {p.status.last_failure}"
         )
         return
     p.status.trainer_restarts += 1
     p.condition(
-        "TrainerHealthy",
+        ConditionType.TRAINER_HEALTHY,
         False,
         "Restarting",
         f"restart {p.status.trainer_restarts}/{limit}: {p.status.last_failure}",
@@ -269,8 +279,8 @@ def _record_failure(p: Pass, pod: PodInfo) -> None:
     p.status.last_failure_time = now_rfc3339()
     if pod.invalid_input:
         p.status.phase = Phase.FAILED
-        p.condition("Ready", False, "InvalidInput", p.status.last_failure)
-        p.condition("WorkersHealthy", False, "InvalidInput", p.status.last_failure)
+        p.condition(ConditionType.READY, False, "InvalidInput", p.status.last_failure)
+        p.condition(ConditionType.WORKERS_HEALTHY, False, "InvalidInput", p.status.last_failure)
         p.event("Warning", "InvalidInput", f"{p.status.last_failure}; the policy failed")
 
 
@@ -416,11 +426,16 @@ def _rollout_status(p: Pass, active: list[PodInfo]) -> None:
     p.status.selector = naming.active_rollout_selector(p.name)
     problem = next((x.problem for x in active if x.problem), None)
     if problem is not None:
-        p.condition("RolloutsReady", False, problem[0], problem[1] or "a rollout pod cannot run")
+        p.condition(
+            ConditionType.ROLLOUTS_READY,
+            False,
+            problem[0],
+            problem[1] or "a rollout pod cannot run",
+        )
     else:
         ok = p.status.ready_replicas >= desired
         p.condition(
-            "RolloutsReady",
+            ConditionType.ROLLOUTS_READY,
             ok,
             "Ready" if ok else "Waiting",
             f"{p.status.ready_replicas}/{desired} rollout pods ready",
@@ -433,7 +448,7 @@ def _rollout_status(p: Pass, active: list[PodInfo]) -> None:
 def ok_to_reset(p: Pass) -> bool:
     """Failures are forgotten once every pod has been ready for 30 s since the last one."""
     desired = p.group.spec.rollout.replicas
-    trainer = find_condition(p.status.conditions, "TrainerHealthy")
+    trainer = find_condition(p.status.conditions, ConditionType.TRAINER_HEALTHY)
     if trainer is not None and trainer.status != ConditionStatus.TRUE:
         return False
     if not (p.status.rollout_failures or p.status.last_failure):
@@ -480,24 +495,26 @@ def _heartbeat_figures(p: Pass) -> None:
         p.status.step = max(hb.step for hb in trainers)
         rewards = [hb.reward for hb in trainers if hb.reward is not None]
         p.status.reward = round(rewards[0], 4) if rewards else p.status.reward
+        held = [hb.held_out for hb in trainers if hb.held_out is not None]
+        p.status.held_out = round(held[0], 4) if held else p.status.held_out
 
 
 def _phase_and_ready(p: Pass) -> None:
     _workers_healthy(p)
     if p.blocked or p.status.phase == Phase.FAILED:
         return
-    trainer = find_condition(p.status.conditions, "TrainerHealthy")
-    rollouts = find_condition(p.status.conditions, "RolloutsReady")
+    trainer = find_condition(p.status.conditions, ConditionType.TRAINER_HEALTHY)
+    rollouts = find_condition(p.status.conditions, ConditionType.ROLLOUTS_READY)
     trainer_ok = trainer is None or trainer.status == ConditionStatus.TRUE
     rollouts_ok = rollouts is not None and rollouts.status == ConditionStatus.TRUE
     running = trainer_ok and (p.status.ready_replicas > 0 or p.group.spec.rollout.replicas == 0)
     p.status.phase = Phase.RUNNING if running and not p.status.last_failure else Phase.PENDING
     ok = trainer_ok and rollouts_ok
     if p.status.last_failure and not ok:
-        p.condition("Ready", False, "WorkerFailed", p.status.last_failure)
+        p.condition(ConditionType.READY, False, "WorkerFailed", p.status.last_failure)
         return
     p.condition(
-        "Ready",
+        ConditionType.READY,
         ok,
         "Ready" if ok else "NotReady",
         "trainer and rollouts are ready" if ok else "waiting for pods",
@@ -509,9 +526,11 @@ def _workers_healthy(p: Pass) -> None:
     if p.status.phase == Phase.FAILED:
         return  # set, with its reason, where the group failed
     if p.status.last_failure is None:
-        p.condition("WorkersHealthy", True, "Healthy", "no pod of this group failed lately")
+        p.condition(
+            ConditionType.WORKERS_HEALTHY, True, "Healthy", "no pod of this group failed lately"
+        )
     else:
-        p.condition("WorkersHealthy", False, "WorkerFailed", p.status.last_failure)
+        p.condition(ConditionType.WORKERS_HEALTHY, False, "WorkerFailed", p.status.last_failure)
 
 
 async def _finish(p: Pass) -> None:

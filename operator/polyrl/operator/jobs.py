@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyrl.api import naming, plan
-from polyrl.api.base import ConditionStatus, find_condition, now_rfc3339, seconds_since
+from polyrl.api.base import (
+    ConditionStatus,
+    ConditionType,
+    find_condition,
+    now_rfc3339,
+    seconds_since,
+)
 from polyrl.api.resources import (
     Phase,
     PolicyGroup,
@@ -33,7 +39,6 @@ from polyrl.operator.natshub import NatsUnavailable
 from polyrl.operator.podinfo import PodInfo
 
 log = logging.getLogger("polyrl.operator.jobs")
-SEEDED = f"{naming.LABEL_PREFIX}/seeded-replicas"
 JOB_REPLICAS = f"{naming.LABEL_PREFIX}/job-replicas"
 
 
@@ -92,14 +97,16 @@ async def _nats(p: JobPass) -> None:
     try:
         await p.ctx.hub.ensure_job(p.job)
     except NatsUnavailable as err:
-        if _set(p, "NatsReady", False, "NatsUnreachable", f"{err}; retrying"):
+        if _set(p, ConditionType.NATS_READY, False, "NatsUnreachable", f"{err}; retrying"):
             p.event("Warning", "NatsUnreachable", str(err))
         return
-    if _set(p, "NatsReady", True, "StreamsReady", "the job's streams and buckets exist"):
+    if _set(
+        p, ConditionType.NATS_READY, True, "StreamsReady", "the job's streams and buckets exist"
+    ):
         p.event("Normal", "NatsReady", "created the job's NATS streams and buckets")
 
 
-def _set(p: JobPass, type_: str, ok: bool, reason: str, message: str) -> bool:
+def _set(p: JobPass, type_: ConditionType, ok: bool, reason: str, message: str) -> bool:
     """Set a condition; True when its status changed (worth an event)."""
     old = find_condition(p.status.conditions, type_)
     p.condition(type_, ok, reason, message)
@@ -135,8 +142,10 @@ async def _groups(p: JobPass, groups: Sequence[Mapping[str, Any]]) -> None:
         assert policy is not None
         current = existing.get(planned.metadata.name)
         if current is None:
-            body = render.policy_group(planned, owner=owner, seeded=policy.rollout.replicas)
-            body["metadata"]["annotations"][JOB_REPLICAS] = str(policy.rollout.replicas)
+            body = render.policy_group(planned, owner=owner)
+            body["metadata"].setdefault("annotations", {})[JOB_REPLICAS] = str(
+                policy.rollout.replicas
+            )
             if await p.ctx.kube.create_custom("policygroups", body):
                 p.event(
                     "Normal",
@@ -235,7 +244,7 @@ def _policy_status(
 ) -> PolicyStatus:
     mine = [g for g in groups if g.spec.policy == policy.name]
     trainer_ready = owned is not None and any(
-        c.type == "TrainerHealthy" and c.status == ConditionStatus.TRUE
+        c.type == ConditionType.TRAINER_HEALTHY and c.status == ConditionStatus.TRUE
         for c in owned.status.conditions
     )
     # Groups without a ready rollout would drag the figure to 0; once none is ready (the job
@@ -247,6 +256,7 @@ def _policy_status(
         name=policy.name,
         step=owned.status.step if owned else 0,
         reward=owned.status.reward if owned else None,
+        held_out=owned.status.held_out if owned else None,
         weight_version=own_version if completed or not ready else min(ready),
         ready_rollouts=sum(g.status.ready_replicas for g in mine),
         desired_rollouts=sum(g.spec.rollout.replicas for g in mine),
@@ -298,15 +308,17 @@ def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> Non
         _end(p, Phase.SUCCEEDED, "StopReached", _stop_message(p))
     elif p.job.spec.suspend:
         p.status.phase = Phase.SUSPENDED
-        p.condition("Ready", False, "Suspended", "spec.suspend is true; all pods are freed")
+        p.condition(
+            ConditionType.READY, False, "Suspended", "spec.suspend is true; all pods are freed"
+        )
     elif unhealthy is not None:
         p.status.phase = Phase.PENDING  # not Running while its workers keep failing
-        p.condition("Ready", False, "WorkerFailed", unhealthy)
+        p.condition(ConditionType.READY, False, "WorkerFailed", unhealthy)
     else:
         p.status.phase = Phase.RUNNING if all_ready else Phase.PENDING
         p.status.start_time = p.status.start_time or (now_rfc3339() if all_ready else None)
         p.condition(
-            "Ready",
+            ConditionType.READY,
             all_ready,
             "Ready" if all_ready else "NotReady",
             f"{p.status.policies_ready} policies ready",
@@ -318,13 +330,13 @@ def _workers_healthy(p: JobPass, groups: Sequence[PolicyGroup]) -> str | None:
     why it is False, or None."""
     causes = [p.status.last_failure] if p.status.last_failure else []
     for group in groups:
-        cond = find_condition(group.status.conditions, "WorkersHealthy")
+        cond = find_condition(group.status.conditions, ConditionType.WORKERS_HEALTHY)
         if cond is not None and cond.status == ConditionStatus.FALSE:
             causes.append(f"{group.metadata.name}: {cond.message}")
     if not causes:
-        p.condition("WorkersHealthy", True, "Healthy", "no worker pod failed lately")
+        p.condition(ConditionType.WORKERS_HEALTHY, True, "Healthy", "no worker pod failed lately")
         return None
-    p.condition("WorkersHealthy", False, "WorkerFailed", "; ".join(causes))
+    p.condition(ConditionType.WORKERS_HEALTHY, False, "WorkerFailed", "; ".join(causes))
     return "; ".join(causes)
 
 
@@ -365,10 +377,15 @@ def _stop_message(p: JobPass) -> str:
 def _end(p: JobPass, phase: Phase, reason: str, message: str) -> None:
     p.status.phase = phase
     p.status.completion_time = now_rfc3339()
-    p.condition("Ready", False, reason, message)
-    p.condition("Stopped", True, reason, message)
+    p.condition(ConditionType.READY, False, reason, message)
+    p.condition(ConditionType.STOPPED, True, reason, message)
     # As a batch Job says how it ended: Complete or Failed, True.
-    p.condition("Complete" if phase == Phase.SUCCEEDED else "Failed", True, reason, message)
+    p.condition(
+        ConditionType.COMPLETE if phase == Phase.SUCCEEDED else ConditionType.FAILED,
+        True,
+        reason,
+        message,
+    )
     p.event(
         "Normal" if phase == Phase.SUCCEEDED else "Warning",
         reason,

@@ -18,7 +18,7 @@ import kopf
 
 from polyrl.api import naming
 from polyrl.api.base import GROUP, VERSION
-from polyrl.operator import groups, jobs, kube, podinfo
+from polyrl.operator import groups, jobs, kube, metrics, podinfo
 from polyrl.operator.context import Context, Wakers
 from polyrl.operator.natshub import NatsHub
 from polyrl.operator.settings import OperatorSettings
@@ -138,6 +138,7 @@ async def _loop(
             await _sleep(ctx, kind, namespace, name, stopped)
     finally:
         ctx.wakers.forget(kind, namespace, name)
+        metrics.forget_pods((kind, namespace, name))
 
 
 @kopf.daemon(*GROUPS, cancellation_timeout=5.0)
@@ -158,6 +159,7 @@ async def group_loop(
         pods = list(pods_index.get((namespace, name), []))
         service = (namespace, naming.trainer_service(name)) in services_index
         await groups.reconcile(memo.ctx, body, pods, job, has_service=service)
+        metrics.observe_pods(("group", namespace, name), pods)
 
     await _loop(memo.ctx, "group", namespace, name, stopped, logger, step)
 
@@ -178,6 +180,7 @@ async def job_loop(
         group_bodies = list(groups_index.get((namespace, name), []))
         pods = list(pods_index.get((namespace, f"job:{name}"), []))
         await jobs.reconcile(memo.ctx, body, group_bodies, pods)
+        metrics.observe_pods(("job", namespace, name), pods)
 
     await _loop(memo.ctx, "job", namespace, name, stopped, logger, step)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Hashable, Iterable
+from typing import Protocol
+
 from prometheus_client import Counter, Gauge, Histogram
 
 API_REQUESTS = Counter(
@@ -16,3 +20,37 @@ RECONCILE_SECONDS = Histogram(
 RECONCILES = Counter("polyrl_operator_reconciles_total", "Reconcile passes", ["kind"])
 PODS = Gauge("polyrl_operator_pods", "Managed pods by role and phase", ["role", "phase"])
 DRAINS = Counter("polyrl_operator_drains_total", "Rollout pods drained", ["outcome"])
+
+
+class _Pod(Protocol):
+    role: str
+    phase: str
+
+
+# What each group or job loop saw last, so the gauge is the sum over all of them; labels that
+# no loop sees any more are set to 0, not left at their last count.
+_pods_by_owner: dict[Hashable, collections.Counter[tuple[str, str]]] = {}
+_pod_labels: set[tuple[str, str]] = set()
+
+
+def observe_pods(owner: Hashable, pods: Iterable[_Pod]) -> None:
+    """The pods one reconcile loop manages now (a group's, or a job's workflow runners)."""
+    _pods_by_owner[owner] = collections.Counter((pod.role, pod.phase) for pod in pods)
+    _refresh_pods()
+
+
+def forget_pods(owner: Hashable) -> None:
+    """A loop that stopped (its resource deleted) manages no pods any more."""
+    if _pods_by_owner.pop(owner, None) is not None:
+        _refresh_pods()
+
+
+def _refresh_pods() -> None:
+    totals: collections.Counter[tuple[str, str]] = collections.Counter()
+    for counts in _pods_by_owner.values():
+        totals.update(counts)
+    for labels in _pod_labels - set(totals):
+        PODS.labels(*labels).set(0)
+    for labels, count in totals.items():
+        PODS.labels(*labels).set(count)
+    _pod_labels.update(totals)

@@ -199,10 +199,8 @@ def trainer_service(group: PolicyGroup, *, owner: dict[str, Any]) -> dict[str, A
     }
 
 
-def policy_group(group: PolicyGroup, *, owner: dict[str, Any], seeded: int) -> dict[str, Any]:
+def policy_group(group: PolicyGroup, *, owner: dict[str, Any]) -> dict[str, Any]:
     body = group.to_api()
     body.pop("status", None)
-    meta = body["metadata"]
-    meta["ownerReferences"] = [owner]
-    meta.setdefault("annotations", {})[f"{naming.LABEL_PREFIX}/seeded-replicas"] = str(seeded)
+    body["metadata"]["ownerReferences"] = [owner]
     return body

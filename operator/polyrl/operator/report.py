@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from polyrl.api.base import API_VERSION, ApiModel, ConditionStatus, set_condition
+from polyrl.api.base import API_VERSION, ApiModel, ConditionStatus, ConditionType, set_condition
 from polyrl.api.resources import Phase
 from polyrl.operator.kube import Kube
 
@@ -36,7 +36,7 @@ class Recorder:
         self.events.append((type_, reason, message))
 
     def condition(
-        self, type_: str, ok: bool | ConditionStatus, reason: str, message: str = ""
+        self, type_: ConditionType, ok: bool | ConditionStatus, reason: str, message: str = ""
     ) -> None:
         set_condition(
             self.status.conditions,

@@ -169,7 +169,7 @@ main() {
     all) build_etcd; build_kubernetes; build_helm ;;
     *) echo "usage: $0 [kubernetes|etcd|helm|all]" >&2; exit 2 ;;
   esac
-  echo "build-tools: done in $((SECONDS - t0)) s (cache: $TOOLS)"
+  echo "build-tools: ${1:-all} ready after $((SECONDS - t0)) s (cache: $TOOLS)"
 }
 
 main "$@"

@@ -28,9 +28,10 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from polyrl.testing import processes, tools
+from polyrl.local import processes
+from polyrl.local.errors import StartupError
+from polyrl.testing import tools
 from polyrl.testing.controlplane import ControlPlane
-from polyrl.testing.errors import StartupError
 from polyrl.testing.nodeagent import podnet
 from polyrl.testing.nodeagent.agent import MODE_LABEL
 
@@ -226,7 +227,7 @@ def _up(args: argparse.Namespace) -> int:
     )
     cluster.start()
     (args.dir / "state.json").write_text(json.dumps(cluster.state(), indent=2))
-    print(f"tools ready in {built:.1f}s; cluster up in {cluster.control_plane.timings.summary()}")
+    print(f"tools ready in {built:.1f}s; cluster {cluster.control_plane.timings.summary()}")
     print(f"nodes: {', '.join(nodes)}; pods run as processes in: {_exec_summary(cluster)}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0

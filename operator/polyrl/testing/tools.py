@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from polyrl.testing.errors import StartupError
+from polyrl.local.errors import StartupError
 
 K8S_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"

@@ -36,9 +36,9 @@ from polyrl.api.messages import DrainAck, Drained, Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource
 from polyrl.api.wire import GenerationRequest, GenerationResponse
+from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
-from polyrl.testing.natsserver import NatsServer
 
 from .helpers import apply, job_doc, live, pods, wait_running
 

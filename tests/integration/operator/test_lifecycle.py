@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from polyrl.api import crds
-from polyrl.testing import processes
+from polyrl.local import processes
+from polyrl.local.natsserver import NatsServer
 from polyrl.testing.kube import Kubectl, condition, wait_for
-from polyrl.testing.natsserver import NatsServer
 
 from .conftest import OperatorProcess
 from .helpers import apply, events, fail_pod, get, job_doc, live, pods, wait_running

@@ -15,8 +15,8 @@ import yaml
 
 from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
+from polyrl.local.natsserver import NatsServer
 from polyrl.testing.kube import Kubectl, condition, wait_for
-from polyrl.testing.natsserver import NatsServer
 
 from .conftest import OperatorProcess
 from .helpers import (

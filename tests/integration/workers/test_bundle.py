@@ -11,7 +11,7 @@ import pytest
 
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
-from polyrl.testing.natsserver import NatsServer
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers import bundle
 
 

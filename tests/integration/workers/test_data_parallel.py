@@ -28,9 +28,9 @@ from polyrl.api import natsconfig
 from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
-from polyrl.testing import processes
-from polyrl.testing.natsserver import NatsServer
-from polyrl.workers import batching, checkpoint, main, trainer
+from polyrl.local import processes
+from polyrl.local.natsserver import NatsServer
+from polyrl.workers import batching, checkpoint, learner, main
 from polyrl.workers.runtime import Runtime
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def one_step(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
         )
     spec = job_spec(uniform_groups="skip" if skip else "keep")
-    t = trainer.Trainer(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
+    t = learner.Trainer(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
     t.sync_from_leader()
     t.step(few_to_train() if skip else fixed_samples())
     if rank == 0:
@@ -127,7 +127,7 @@ def test_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
     single = torch.load(tmp_path / "single.pt")
     parallel = torch.load(tmp_path / "dp.pt")
     spec = job_spec()
-    initial = trainer.Trainer(spec.policies[0], spec.algorithm, workdir=tmp_path / "models")
+    initial = learner.Trainer(spec.policies[0], spec.algorithm, workdir=tmp_path / "models")
     moved = 0
     for name, tensor in single.items():
         torch.testing.assert_close(parallel[name], tensor, rtol=1e-5, atol=1e-6, msg=name)

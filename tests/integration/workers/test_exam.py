@@ -3,43 +3,74 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-import nats
 import pytest
 
-from polyrl.api import natsconfig
-from polyrl.api.naming import JobNames
-from polyrl.testing.natsserver import NatsServer
-from polyrl.workers import exam
+from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.resources import ModelSource, RLJobSpec, TaskSpec
+from polyrl.local.natsserver import NatsServer
+from polyrl.workers import model as models
+from polyrl.workers import tasks
+from polyrl.workers.runtime import Runtime
+from polyrl.workers.scoring import Scorer
+from polyrl.workers.trainer import NatsHandoff
+from polyrl.workers.workflows.solver_verifier import evaluation, exam
+
+TASK = tasks.load_task(TaskSpec(name="arithmetic"))
+SPEC = RLJobSpec.model_validate(
+    {
+        "policies": [
+            {"name": "solver", "model": {"path": "tiny-llama://exam-solver"}},
+            {"name": "verifier", "model": {"path": "tiny-llama://exam-verifier"}},
+        ],
+        "workflow": {"name": "solver-verifier"},
+        "algorithm": {"maxNewTokens": 4},
+    }
+)
 
 
-async def test_published_answers_are_fetched_as_they_were(nats_server: NatsServer) -> None:
-    names = JobNames(namespace="t", job="exam")
-    nc = await nats.connect(nats_server.url)
+async def runtime(url: str, job: str, policy: str) -> Runtime:
+    config = WorkerConfig(
+        namespace="t", job=job, role=Role.TRAINER, policy=policy, nats_url=url, spec=SPEC
+    )
+    return await Runtime.connect(config, f"{policy}-trainer-0")
+
+
+async def test_the_solver_sets_the_exam_and_the_verifier_takes_it(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    solver_rt = await runtime(nats_server.url, "exam", "solver")
+    verifier_rt = await runtime(nats_server.url, "exam", "verifier")
+    model, tokenizer = models.make_model(
+        ModelSource(path="tiny-llama://exam-solver", dtype="float32"), cache_dir=tmp_path
+    )
+    solver = Scorer(model, tokenizer, max_new_tokens=4, answer_tokens=4)
     try:
-        await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
-        await exam.publish(nc.jetstream(), names, "solver", ["12", "107", ""])
-        got = await exam.fetch(nc.jetstream(), names, "solver", timeout=5)
+        await evaluation.SolverEvaluation(TASK).prepare(
+            NatsHandoff(solver_rt, "solver"), solver, first=True
+        )
+        judge = evaluation.VerifierEvaluation(TASK, "solver")
+        await judge.prepare(NatsHandoff(verifier_rt, "verifier"), solver, first=True)
     finally:
-        await nc.close()
-    assert got == ["12", "107", ""]
+        await solver_rt.close()
+        await verifier_rt.close()
+    answers = solver.greedy([p.prompt for p in exam.problems(TASK)[:20]])
+    assert len(judge.exam) == exam.EXAM_PROBLEMS
+    assert [c.prompt for c in judge.exam[:20]] == [c.prompt for c in exam.cases(TASK, answers)]
 
 
 async def test_without_answers_the_verifier_goes_without_an_exam_and_says_why(
-    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    names = JobNames(namespace="t", job="noexam")
-    nc = await nats.connect(nats_server.url)
+    monkeypatch.setattr(exam, "TIMEOUT_SECONDS", 1.0)
+    rt = await runtime(nats_server.url, "noexam", "verifier")
+    judge = evaluation.VerifierEvaluation(TASK, "solver")
     try:
-        await natsconfig.ensure(nc.jetstream(), names, ["solver", "verifier"])
         with caplog.at_level(logging.WARNING, logger="polyrl.exam"):
-            assert await exam.fetch(nc.jetstream(), names, "solver", timeout=1, poll=0.2) is None
-        assert "published no answers" in caplog.text
-        store = await nc.jetstream().object_store(names.weights_bucket("solver"))
-        await store.put(exam.OBJECT, b'{"answers": [1, 2]}')
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="polyrl.exam"):
-            assert await exam.fetch(nc.jetstream(), names, "solver", timeout=1) is None
-        assert "not a list of strings" in caplog.text
+            await judge.prepare(NatsHandoff(rt, "verifier"), None, first=True)  # type: ignore[arg-type]
     finally:
-        await nc.close()
+        await rt.close()
+    assert judge.exam == []
+    assert judge.headline == "balanced_accuracy"
+    assert "published no answers" in caplog.text

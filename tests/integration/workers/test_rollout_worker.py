@@ -24,7 +24,7 @@ from polyrl.api.messages import DrainAck, Drained, DrainRequest, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec
 from polyrl.api.wire import DeadLetter, GenerationRequest, GenerationResponse
-from polyrl.testing.natsserver import NatsServer
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers import bundle, main
 from polyrl.workers import model as models
 from polyrl.workers.deltas.publish import WeightPublisher

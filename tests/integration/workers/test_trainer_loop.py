@@ -18,8 +18,8 @@ from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
-from polyrl.testing.natsserver import NatsServer
-from polyrl.workers import checkpoint, main, trainer
+from polyrl.local.natsserver import NatsServer
+from polyrl.workers import checkpoint, learner, main, preflight, trainer
 from polyrl.workers.deltas import announce
 from polyrl.workers.runtime import Runtime
 
@@ -51,7 +51,7 @@ def spec(steps: int, mode: str = "async") -> RLJobSpec:
 
 async def run_trainer(
     nats_url: str, names: JobNames, job: RLJobSpec, workdir: Path
-) -> trainer.Trainer:
+) -> learner.Trainer:
     config = WorkerConfig(
         namespace=names.namespace,
         job=names.job,
@@ -62,10 +62,10 @@ async def run_trainer(
     )
     # Built off the event loop: the model takes seconds, and the other workers this test runs
     # on the same loop have NATS requests in flight with a 5 s timeout meanwhile.
-    t = await asyncio.to_thread(trainer.Trainer, job.policies[0], job.algorithm, workdir=workdir)
+    t = await asyncio.to_thread(learner.Trainer, job.policies[0], job.algorithm, workdir=workdir)
     rt = await Runtime.connect(config, "trainer-0")
     try:
-        await trainer.run(rt, t, workdir)
+        await trainer.run(rt, t, preflight.roles(job)["solver"])
     finally:
         await rt.close()
     return t
@@ -126,7 +126,7 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
     assert (tmp_path / "tr" / "checkpoint" / checkpoint.STATE).is_file()
 
     # A restarted trainer resumes from its checkpoint in a new epoch, after version 3.
-    resumed = trainer.Trainer(job.policies[0], job.algorithm, workdir=tmp_path / "tr")
+    resumed = learner.Trainer(job.policies[0], job.algorithm, workdir=tmp_path / "tr")
     assert (resumed.state.step, resumed.state.epoch) == (3, 1)
     await rollout_rt.close()
     await runner_rt.close()
@@ -171,6 +171,7 @@ async def test_sync_mode_trains_each_step_only_on_samples_of_the_current_weights
     # Every sample of every step came from the weights being trained, and none was wasted:
     # a round is exactly one batch (2 episodes x 4 samples).
     assert all(x["staleness"] == 0 and x["stale_dropped"] == 0 for x in lines), lines
+    assert all(x["staleness_0"] == 1.0 for x in lines), lines  # every sample of age 0
     assert runner.gate is not None
     assert runner.gate.rounds >= 3
     assert runner.gate.waited > 0  # the runner did wait for each step's weights

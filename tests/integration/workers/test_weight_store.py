@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 from nats.js.errors import DigestMismatchError
 
-from polyrl.testing.natsserver import NatsServer
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers.deltas.store import (
     ObjectCorrupt,
     ObjectMissing,

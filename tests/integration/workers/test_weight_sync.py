@@ -18,7 +18,7 @@ from nats.js.api import ObjectStoreConfig
 
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
-from polyrl.testing.natsserver import NatsServer
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.chain import delta_name, keyframe_name
 from polyrl.workers.deltas.publish import WeightPublisher

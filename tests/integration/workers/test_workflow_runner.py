@@ -23,11 +23,12 @@ from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec, UniformGroups
 from polyrl.api.wire import Completion, GenerationResponse, Trajectory
-from polyrl.testing.natsserver import NatsServer
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers import bundle, main, workflows
 from polyrl.workers import model as models
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.roles import FunctionWorkflow
 from polyrl.workers.runtime import Runtime
 from polyrl.workers.tasks import load_task
 from polyrl.workers.workflow_runner import WorkflowRunner
@@ -37,9 +38,10 @@ pytestmark = pytest.mark.slow
 
 
 def spec(workflow: str, mode: str = "async") -> RLJobSpec:
+    names = ("solver", "verifier") if workflow == "solver-verifier" else ("solver",)
     policies = [
         {"name": name, "model": {"path": "tiny-llama://wf-test"}, "rollout": {"maxBatchSize": 16}}
-        for name in ("solver", "verifier")
+        for name in names
     ]
     return RLJobSpec.model_validate(
         {
@@ -74,7 +76,7 @@ async def start_workers(
 ) -> tuple[list[Runtime], list[asyncio.Task[Any]], WorkflowRunner]:
     """A rollout worker per policy (its weights published first) and a running workflow runner."""
     runtimes, tasks = [], []
-    for policy in ("solver", "verifier"):
+    for policy in (p.name for p in job.policies):
         await publish_policy(js, names, policy, tmp_path)
         config = WorkerConfig(
             namespace="t", job=names.job, role=Role.ROLLOUT, policy=policy, nats_url=url, spec=job
@@ -352,7 +354,9 @@ async def test_async_runs_send_no_uniform_groups_of_a_policy_that_refills_its_ba
         namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
     )
     rt = await Runtime.connect(config, "workflow-0")
-    runner = WorkflowRunner(rt, alike_and_mixed, load_task(job.workflow.task), concurrency=1)
+    runner = WorkflowRunner(
+        rt, FunctionWorkflow(alike_and_mixed, "alike"), load_task(job.workflow.task), concurrency=1
+    )
     running = asyncio.create_task(runner.run())
     try:
         got = await collect(nc, names, "solver", 16)
@@ -407,7 +411,9 @@ async def test_a_refilled_policys_settled_groups_go_out_before_the_episode_ends(
     )
     rt = await Runtime.connect(config, "workflow-0")
     task = load_task(job.workflow.task)
-    runner = WorkflowRunner(rt, settled_then_stuck, task, concurrency=1, drain_timeout=0.5)
+    runner = WorkflowRunner(
+        rt, FunctionWorkflow(settled_then_stuck, "stuck"), task, concurrency=1, drain_timeout=0.5
+    )
     running = asyncio.create_task(runner.run())
     try:
         got = await collect(nc, names, "solver", 4)

@@ -9,10 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from polyrl.api import naming, plan
-from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig
+from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig, WorkerLaunch
 from polyrl.api.resources import PolicyGroup, RLJob
 
 URL = "nats://nats:4222"
+
+
+def for_group(result: plan.Plan, group: str) -> list[WorkerLaunch]:
+    return [launch for launch in result.launches if launch.policy_group == group]
 
 
 def job(**spec: Any) -> RLJob:
@@ -62,17 +66,17 @@ def test_the_plan_is_deterministic() -> None:
 
 
 def test_multi_node_trainers_rendezvous_over_the_headless_service() -> None:
-    trainer = plan.plan(job(), nats_url=URL).for_group("math-solver")[1]
+    trainer = for_group(plan.plan(job(), nats_url=URL), "math-solver")[1]
     assert trainer.command[:2] == ["torchrun", "--nproc-per-node=4"]
     assert "--rdzv-endpoint=$(POLYRL_RDZV_ENDPOINT)" in trainer.command
     assert trainer.env["POLYRL_RDZV_ENDPOINT"] == "math-solver-trainer-0.math-solver-trainer:29400"
     assert trainer.env["POLYRL_NODE_RANK"] == "1"
-    single = plan.plan(job(), nats_url=URL).for_group("math-verifier")[0]
+    single = for_group(plan.plan(job(), nats_url=URL), "math-verifier")[0]
     assert "--standalone" in single.command
 
 
 def test_the_worker_config_document_carries_role_replica_and_the_whole_spec() -> None:
-    rollout = plan.plan(job(), nats_url=URL).for_group("math-solver")[3]
+    rollout = for_group(plan.plan(job(), nats_url=URL), "math-solver")[3]
     config = WorkerConfig.model_validate(json.loads(rollout.env[CONFIG_ENV]))
     assert (config.role, config.policy, config.replica) == (Role.ROLLOUT, "solver", 1)
     assert config.nats_url == URL
@@ -104,8 +108,8 @@ def test_launches_follow_scaled_and_user_applied_groups() -> None:
         }
     )
     result = plan.plan(j, nats_url=URL, groups=[scaled, extra])
-    assert len([x for x in result.for_group("math-solver") if x.role == Role.ROLLOUT]) == 5
-    eu = result.for_group("eu-solver")
+    assert len([x for x in for_group(result, "math-solver") if x.role == Role.ROLLOUT]) == 5
+    eu = for_group(result, "eu-solver")
     assert [x.role for x in eu] == [Role.ROLLOUT] * 3  # no trainer in a capacity group
     assert eu[0].image == "eu:1"
 

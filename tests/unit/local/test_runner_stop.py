@@ -7,9 +7,8 @@ import time
 from pathlib import Path
 
 from polyrl.api.launch import Role
-from polyrl.local import jobfile, runner
+from polyrl.local import jobfile, processes, runner
 from polyrl.local.runner import LocalRun
-from polyrl.testing import processes
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from polyrl.testing.nodeagent import container, kubeletapi, podenv, podnet, probes, runner, volumes
+from polyrl.local import podenv
+from polyrl.testing.nodeagent import container, kubeletapi, podnet, probes, runner, volumes
 from polyrl.testing.nodeagent.container import Mount
 
 # --- the container launcher's plan ----------------------------------------------------

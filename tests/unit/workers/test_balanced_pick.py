@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from polyrl.workers.workflows.builtin import balanced_pick
+from polyrl.workers.workflows.solver_verifier import balanced_pick
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -14,7 +14,7 @@ from polyrl.api.resources import RLJobSpec
 from polyrl.api.wire import Completion, GenerationResponse
 from polyrl.workers.tasks.loading import load_task
 from polyrl.workers.workflows import Episode
-from polyrl.workers.workflows.builtin import solver_verifier
+from polyrl.workers.workflows.solver_verifier import SolverVerifier
 
 SPEC = RLJobSpec.model_validate(
     {
@@ -62,12 +62,18 @@ def episode(
     return made, asked, sent
 
 
+def judged(workflow: SolverVerifier) -> int:
+    """Verdicts the workflow tallied (how well its verifier judges: `judging`)."""
+    return sum(t.right + t.wrong for t in workflow.judging.tallies.values())
+
+
 async def test_solver_verifier_asks_the_verifier_to_judge_two_answers() -> None:
     made, asked, sent = episode(frozenset())
-    await solver_verifier(made)
+    workflow = SolverVerifier()
+    await workflow.run(made)
     assert asked == ["solver", "verifier", "verifier"]
     assert [p for p, _ in sent] == ["solver"] * 4 + ["verifier"] * 8
-    assert len(made.judgements) == 8
+    assert judged(workflow) == 8
 
 
 async def test_solver_verifier_settles_the_answers_before_asking_the_verifier() -> None:
@@ -79,9 +85,10 @@ async def test_solver_verifier_settles_the_answers_before_asking_the_verifier() 
         settled.append((len(asked), len(sent)))
 
     made._settle = settle
-    await solver_verifier(made)
+    workflow = SolverVerifier()
+    await workflow.run(made)
     assert settled == [(1, 4)]  # after the solver's answers were asked for and emitted, only
-    assert {version for _, version, _, _ in made.judgements} == {3}
+    assert {index for _, index in workflow.judging.tallies} == {0}  # versions 0-9 (3)
 
 
 @pytest.mark.parametrize("finished", [frozenset({"verifier"}), frozenset({"verifier", "x"})])
@@ -89,21 +96,23 @@ async def test_once_the_verifiers_trainer_is_done_only_the_solver_is_asked(
     finished: frozenset[str],
 ) -> None:
     made, asked, sent = episode(finished)
-    await solver_verifier(made)
+    workflow = SolverVerifier()
+    await workflow.run(made)
     assert asked == ["solver"]
     assert [p for p, _ in sent] == ["solver"] * 4
-    assert made.judgements == []
+    assert judged(workflow) == 0
 
 
 async def test_while_the_verifiers_trainer_warms_up_only_the_solver_is_asked() -> None:
     made, asked, sent = episode(frozenset(), warming=frozenset({"verifier"}))
-    await solver_verifier(made)
+    workflow = SolverVerifier()
+    await workflow.run(made)
     assert asked == ["solver"]
     assert [p for p, _ in sent] == ["solver"] * 4
-    assert made.judgements == []
+    assert judged(workflow) == 0
 
 
 async def test_a_warming_solver_is_still_asked_since_an_episode_cannot_go_without_it() -> None:
     made, asked, _ = episode(frozenset(), warming=frozenset({"solver"}))
-    await solver_verifier(made)
+    await SolverVerifier().run(made)
     assert asked == ["solver", "verifier", "verifier"]

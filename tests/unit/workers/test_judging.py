@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polyrl.workers.judging import JudgedAccuracy, Tally
+from polyrl.workers.workflows.solver_verifier.judging import JudgedAccuracy, Tally
 
 
 def test_balanced_accuracy_weighs_right_and_wrong_answers_equally() -> None:

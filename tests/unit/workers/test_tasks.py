@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from polyrl.api.resources import TaskSpec
 from polyrl.workers import tasks
-from polyrl.workers.tasks import arithmetic, base, countdown, verify
+from polyrl.workers.tasks import arithmetic, base, countdown
+from polyrl.workers.workflows.solver_verifier import verdicts as verify
 
 
 def load(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 
-from polyrl.workers.tasks import arithmetic, verify
+from polyrl.workers.tasks import arithmetic
+from polyrl.workers.tasks import base as task_base
+from polyrl.workers.workflows.solver_verifier import verdicts as verify
 
 
 def task() -> verify.VerificationTask:
@@ -29,7 +31,7 @@ def test_a_near_miss_differs_from_the_answer_in_its_last_digit_only() -> None:
     rng = random.Random(0)
     base = arithmetic.Arithmetic(digits=2, ops="+", held_out=50, seed=0)
     for problem in base.held_out():
-        wrong = verify.near_miss(problem, rng)
+        wrong = task_base.near_miss(problem, rng)
         assert wrong != problem.answer
         assert wrong[:-1] == problem.answer[:-1]
 
@@ -81,25 +83,26 @@ def test_held_out_shows_each_held_out_problem_right_and_wrong() -> None:
 
 def test_the_solver_warms_up_on_answers_and_the_verifier_on_verdicts() -> None:
     from polyrl.api.resources import RLJobSpec
-    from polyrl.workers import evaluation
+    from polyrl.workers import roles
 
-    def spec(workflow: str) -> RLJobSpec:
+    def spec(workflow: str, policies: int = 2) -> RLJobSpec:
         return RLJobSpec.model_validate(
             {
                 "policies": [
-                    {"name": "solver", "model": {"path": "tiny-llama://a"}},
-                    {"name": "verifier", "model": {"path": "tiny-llama://b"}},
+                    {"name": name, "model": {"path": f"tiny-llama://{name}"}}
+                    for name in ("solver", "verifier")[:policies]
                 ],
                 "workflow": {"name": workflow, "task": {"name": "arithmetic"}},
             }
         )
 
-    assert isinstance(
-        evaluation.warmup_task("solver", spec("solver-verifier")), arithmetic.Arithmetic
-    )
-    judge = evaluation.warmup_task("verifier", spec("solver-verifier"))
-    assert isinstance(judge, verify.VerificationTask)
-    assert evaluation.warmup_task("verifier", spec("single")) is None
+    arith = task().task
+    both = roles.resolve(roles.load_workflow("solver-verifier"), spec("solver-verifier"), arith)
+    assert both["solver"].warmup is arith
+    assert isinstance(both["verifier"].warmup, verify.VerificationTask)
+    assert both["verifier"].max_new_tokens == verify.verifier_max_new_tokens(16)
+    one = roles.resolve(roles.load_workflow("single"), spec("single", 1), arith)
+    assert one["solver"].warmup is arith
 
 
 def test_a_case_of_a_given_answer_is_judged_by_the_tasks_check() -> None:

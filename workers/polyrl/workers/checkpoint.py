@@ -3,7 +3,7 @@
 Written atomically (a temporary directory renamed into place), so a trainer killed while
 writing resumes from the previous checkpoint rather than a torn one. Each resume starts a
 new epoch; versions carry on after the last one announced, so no version number is ever
-published twice (DESIGN §4, "Checkpoint and resume").
+published twice (docs/dataplane.md, "Checkpoint and resume").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a policy's initial weights come from: a tiny local Llama, or a Hugging Face directory.
 
 Tests, the quick start and CPU-only runs need real Llama-architecture models without a model hub
-(DESIGN §6): `tiny-llama://<name>` builds one from a small config and the character tokenizer.
+(no downloads at run time): `tiny-llama://<name>` builds one from a small config and the character tokenizer.
 Its initial weights are a pure function of the name (the seed is a stable hash of it), so a
 trainer, a test and a restarted pod that ask for the same name start from the same model; and it
 is written once under `cache_dir/<name>/` as an ordinary HF directory, so later calls load it

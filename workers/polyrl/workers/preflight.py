@@ -1,26 +1,39 @@
 """What can be checked of a job before any work starts, and is, by whoever starts it.
 
 A workflow runner loads the job's workflow and task before it connects to anything; a
-trainer checks its model path before its rendezvous; `polyrl run` checks all of it before it
-starts a process. A name that resolves to nothing, or a path that is not a causal language
-model, is a `ConfigError` naming the policy and the cause: the worker exits 2 saying so (the
-operator fails the job, quoting it), `polyrl run` prints it and starts nothing.
+trainer checks its model path and its policy's role before its rendezvous; `polyrl run`
+checks all of it before it starts a process. A name that resolves to nothing, a path that is
+not a causal language model, or a trainer field that cannot take effect for its policy
+(`roles.problems`) is a `ConfigError` naming the policy and the cause: the worker exits 2
+saying so (the operator fails the job, quoting it), `polyrl run` prints it and starts
+nothing.
 """
 
 from __future__ import annotations
 
 from polyrl.api.resources import PolicySpec, RLJobSpec
+from polyrl.workers import roles as policy_roles
 from polyrl.workers import tasks
 from polyrl.workers.runtime import ConfigError
-from polyrl.workers.workflows import Workflow, load_workflow
 
 
-def workflow_and_task(spec: RLJobSpec) -> tuple[Workflow, tasks.Task]:
-    """The job's workflow and task, loaded (importing a `module:function` entry point)."""
+def workflow_and_task(spec: RLJobSpec) -> tuple[policy_roles.Workflow, tasks.Task]:
+    """The job's workflow and task, loaded (importing a `module:function` entry point), and
+    checked to fit each other and the job's trainer fields."""
     try:
-        return load_workflow(spec.workflow.name), tasks.load_task(spec.workflow.task)
+        workflow = policy_roles.load_workflow(spec.workflow.name)
+        task = tasks.load_task(spec.workflow.task)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if found := policy_roles.problems(workflow, spec, task):
+        raise ConfigError("; ".join(found))
+    return workflow, task
+
+
+def roles(spec: RLJobSpec) -> dict[str, policy_roles.PolicyRole]:
+    """Every policy's role in the job's workflow (see `roles.resolve`)."""
+    workflow, task = workflow_and_task(spec)
+    return policy_roles.resolve(workflow, spec, task)
 
 
 def policy_model(policy: PolicySpec) -> None:

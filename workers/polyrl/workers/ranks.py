@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from polyrl.workers import batching
-
-if TYPE_CHECKING:
-    from polyrl.workers.trainer import Trainer
 
 
 def share_batch(samples: list[batching.Sample] | None) -> list[batching.Sample] | None:
@@ -27,10 +25,10 @@ def share_batch(samples: list[batching.Sample] | None) -> list[batching.Sample] 
     return result
 
 
-def follow(trainer: Trainer) -> None:
-    """Ranks other than 0: train on each batch rank 0 shares until it says stop."""
+def follow(step: Callable[[list[batching.Sample]], Any]) -> None:
+    """Ranks other than 0: take a `step` on each batch rank 0 shares until it says stop."""
     while (samples := share_batch(None)) is not None:
-        trainer.step(samples)
+        step(samples)
 
 
 def init_process_group() -> None:

@@ -1,6 +1,6 @@
 """What every worker process shares: its config, its NATS connection, heartbeats, signals.
 
-A worker takes every input from its environment (DESIGN §3): the config document in
+A worker takes every input from its environment, as a pod does: the config document in
 POLYRL_WORKER_CONFIG, its name in POLYRL_POD_NAME, NATS credentials in POLYRL_NATS_TOKEN or
 POLYRL_NATS_CREDS (from a Secret, never logged). SIGTERM and SIGINT set `stopping`, so a
 worker finishes or hands back what it holds before it exits. Malformed messages are
@@ -67,6 +67,7 @@ def torch_threads() -> int:
 
 
 METRICS_FILE_ENV = "POLYRL_METRICS_FILE"
+STAGES_FILE = "stages.jsonl"
 
 
 class MetricsLog:
@@ -81,12 +82,20 @@ class MetricsLog:
         path = os.environ.get(METRICS_FILE_ENV)
         return cls(Path(path) if path else None)
 
-    def write(self, records: list[dict[str, Any]]) -> None:
+    def write(self, records: list[dict[str, Any]], *, path: Path | None = None) -> None:
         """Append `records`, a line each (whole lines: readers skip a torn last one)."""
-        if self.path is None or not records:
+        path = path or self.path
+        if path is None or not records:
             return
-        with self.path.open("a") as out:
+        with path.open("a") as out:
             out.writelines(json.dumps(record) + "\n" for record in records)
+
+    def stage(self, policy: str, stage: str) -> None:
+        """Note what a trainer does now (warming up, evaluating, training) in `stages.jsonl`
+        beside the metrics, which a run's progress display shows."""
+        if self.path is not None:
+            record = {"policy": policy, "stage": stage, "time": time.time()}
+            self.write([record], path=self.path.with_name(STAGES_FILE))
 
 
 class ConfigError(RuntimeError):

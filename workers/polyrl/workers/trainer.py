@@ -10,23 +10,19 @@ step rank 0 publishes the new weights (a sparse delta, or a keyframe every
 `keyframeEvery` versions; every version is a keyframe under `weightSync: full`) while the
 next batch is pulled and trained: only the encoding of one version is in flight.
 
-Checkpoints (`checkpoint.py`) every `checkpointEvery` steps and on exit; a restarted
-trainer resumes in a new epoch and numbers versions after the last one announced.
-
-With `algorithm.klCoef > 0` every rank keeps a frozen copy of the policy RL started from
-(after the warm start) and adds the k3 KL to it to the loss; the copy is checkpointed with
-the weights, so a resumed trainer is held to the same anchor.
+Before RL, rank 0 runs what the policy's role in the workflow asks (`roles`): a supervised
+warm start on its examples (`warmstart`), its evaluation's preparation (the solver-verifier's
+exam), and the held-out figures RL starts from. The model and the GRPO step itself are
+`learner.Trainer`. Checkpoints (`checkpoint.py`) every `checkpointEvery` steps and on exit; a
+restarted trainer resumes in a new epoch and numbers versions after the last one announced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import dataclasses
 import logging
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -42,14 +38,15 @@ from pydantic import ValidationError
 from polyrl.api.launch import TRAINER_DIR_ENV, WorkerConfig, trainer_subdir
 from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import AlgorithmSpec, Mode, PolicySpec, UniformGroups, WeightSync
+from polyrl.api.resources import Mode, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import batching, bundle, checkpoint, evaluation, exam, grpo, preflight, ranks
+from polyrl.workers import bundle, grpo, preflight, ranks, roles, warmstart
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.learner import Trainer, shuffled_rewards, to_samples
 from polyrl.workers.runtime import (
     ConfigError,
     MetricsLog,
@@ -59,219 +56,10 @@ from polyrl.workers.runtime import (
     load_config,
     torch_threads,
 )
-from polyrl.workers.tasks import verify
-from polyrl.workers.tasks.base import Problem
+from polyrl.workers.scoring import Scorer
 
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = JobNames.trainer_consumer
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Fixed:
-    """A micro-batch's log-probs that stay fixed over its batch's updates."""
-
-    prox: torch.Tensor  # the trainer's own, before the batch's first update
-    reference: torch.Tensor | None  # the KL anchor's, when klCoef > 0
-
-
-class Trainer:
-    """The model, its optimizer and one GRPO step (no I/O: testable on its own)."""
-
-    def __init__(
-        self,
-        policy: PolicySpec,
-        algo: AlgorithmSpec,
-        *,
-        workdir: Path,
-        rank: int = 0,
-        world: int = 1,
-    ) -> None:
-        self.policy, self.algo, self.rank, self.world = policy, algo, rank, world
-        source = policy.model.model_copy(update={"dtype": "float32"})
-        self.model, self.tokenizer = models.make_model(source, cache_dir=workdir / "models")
-        opt = policy.trainer.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
-        )
-        self.checkpoint_dir = workdir / "checkpoint"
-        self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
-        self.reference: torch.nn.Module | None = None  # see `freeze_reference`
-
-    def save(self) -> None:
-        checkpoint.save(
-            self.checkpoint_dir,
-            self.model,
-            self.optimizer,
-            self.state,
-            tokenizer=self.tokenizer,
-            reference=self.reference,
-        )
-
-    def freeze_reference(self) -> None:
-        """The KL term's anchor (klCoef > 0): the policy RL starts from, frozen.
-
-        That is the model after the warm start, or the checkpoint's saved anchor on resume
-        (not the resumed weights, which RL has already moved). Rank 0's copy is broadcast, so
-        every rank is held to the same one.
-        """
-        if self.algo.kl_coef == 0:
-            return
-        reference = copy.deepcopy(self.model)
-        saved = checkpoint.load_reference(self.checkpoint_dir) if self.rank == 0 else None
-        if saved is not None:
-            reference.load_state_dict(saved, strict=False)
-        if self.world > 1:
-            for tensor in reference.state_dict().values():
-                dist.broadcast(tensor, src=0)
-        torch.nn.Module.eval(reference)  # transformers' `eval` is untyped
-        self.reference = reference.requires_grad_(False)
-
-    def bf16(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
-
-    def step(self, samples: list[batching.Sample]) -> dict[str, float]:
-        """`updatesPerBatch` optimizer steps over this rank's share of `samples`.
-
-        With `trainer.uniformGroups` skip or refill only the groups whose rewards differ are
-        trained on. Every rank sees every sample, so all agree whether anything is left to train.
-        """
-        self.model.train()
-        scored = batching.assign_advantages(samples)
-        skip = self.policy.trainer.uniform_groups != UniformGroups.KEEP
-        trained = batching.informative(scored) if skip else scored
-        stats: dict[str, float] = {}
-        if trained:
-            shard = trained[self.rank :: self.world]  # empty on a rank past a small batch
-            pad = int(self.tokenizer.pad_token_id or 0)
-            batch = batching.collate(shard, pad) if shard else None
-            # Token-mean over the whole step's tokens, divided by the world size because the
-            # gradient all-reduce averages over ranks.
-            step_tokens = max(1.0, sum(len(s.completion_ids) for s in trained) / self.world)
-            fixed: list[_Fixed] = []
-            for _ in range(self.policy.trainer.updates_per_batch):
-                stats = self._update(batch, step_tokens, fixed)
-        self.state.step += 1
-        stats["reward"] = sum(s.reward for s in samples) / len(samples)
-        stats["trained_fraction"] = len(trained) / len(samples)
-        ages = [self.state.version - s.weight_version for s in samples]
-        stats["staleness"] = sum(ages) / len(ages)
-        return stats
-
-    def _update(
-        self, batch: batching.Batch | None, step_tokens: float, fixed: list[_Fixed]
-    ) -> dict[str, float]:
-        """One optimizer step over `batch`; a rank without a share (None) still joins the
-        gradient all-reduce, with zero gradients, so that every rank takes the same step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = {} if batch is None else self._backward(batch, step_tokens, fixed)
-        self._average_gradients()
-        settings = self.policy.trainer.optimizer
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
-        for group in self.optimizer.param_groups:
-            group["lr"] = scheduled_lr(self.state.step, settings.lr, settings.lr_warmup_steps)
-        self.optimizer.step()
-        return stats
-
-    def _backward(
-        self, batch: batching.Batch, step_tokens: float, fixed: list[_Fixed]
-    ) -> dict[str, float]:
-        """Accumulate the loss gradient of `batch`, micro-batch by micro-batch.
-
-        `fixed` holds what stays constant across a batch's updates, per micro-batch; the first
-        update fills it. Its log-probs are the PPO clip's anchor (`prox`), so later updates of
-        the same batch stay within the clip of the policy the batch started from.
-        """
-        stats: dict[str, float] = {}
-        micro = self.policy.trainer.micro_batch_size
-        for index, start in enumerate(range(0, batch.input_ids.shape[0], micro)):
-            part = slice(start, start + micro)
-            new = self._logprobs(self.model, batch, part)
-            if index == len(fixed):
-                fixed.append(_Fixed(new.detach(), self._reference_logprobs(batch, part)))
-            loss, stats = grpo.grpo_loss(
-                new,
-                batch.old_logprobs[part],
-                batch.advantages[part],
-                batch.loss_mask[part],
-                clip_low=self.algo.clip_low,
-                clip_high=self.algo.clip_high,
-                tis_cap=self.algo.tis_cap,
-                prox_logprobs=fixed[index].prox,
-                num_tokens=step_tokens,
-                kl_coef=self.algo.kl_coef if fixed[index].reference is not None else 0.0,
-                ref_logprobs=fixed[index].reference,
-            )
-            loss.backward()  # type: ignore[no-untyped-call]
-        return stats
-
-    def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
-        if self.reference is None:
-            return None
-        with torch.no_grad():
-            return self._logprobs(self.reference, batch, part)
-
-    def _logprobs(self, model: Any, batch: batching.Batch, part: slice) -> torch.Tensor:
-        """`model`'s log-probs of the completion tokens of rows `part`, at sampling temperature."""
-        logits = model(
-            input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
-        ).logits
-        return batching.token_logprobs(
-            logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
-        )
-
-    def _average_gradients(self) -> None:
-        if self.world == 1:
-            return
-        for param in self.model.parameters():
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            dist.all_reduce(param.grad)
-            param.grad /= self.world
-
-    def sync_from_leader(self) -> None:
-        """Give every rank rank 0's weights, optimizer state and counters.
-
-        Rank 0 alone warms up and resumes from the checkpoint (other ranks may be on other
-        nodes, without it); from then on identical starts and averaged gradients keep the
-        ranks identical.
-        """
-        if self.world > 1:
-            for tensor in self.model.state_dict().values():
-                dist.broadcast(tensor, src=0)
-            shared: list[Any] = [self.optimizer.state_dict(), self.state]
-            dist.broadcast_object_list(shared, src=0)
-            if self.rank != 0:
-                self.optimizer.load_state_dict(shared[0])
-                self.state = shared[1]
-        self.freeze_reference()
-
-
-EXAM_TIMEOUT_SECONDS = 600.0
-
-
-def scheduled_lr(step: int, lr: float, warmup_steps: int) -> float:
-    """The learning rate of RL step `step` (0-based): a linear ramp to `lr` over `warmup_steps`.
-
-    A function of the step counter alone, which checkpoints carry, so a resumed trainer picks
-    the ramp up where it stopped without a scheduler's state.
-    """
-    if warmup_steps <= 0:
-        return lr
-    return lr * min(1.0, (step + 1) / warmup_steps)
-
-
-def to_samples(trajectories: list[Trajectory]) -> list[batching.Sample]:
-    return [
-        batching.Sample(
-            prompt_ids=t.prompt_tokens,
-            completion_ids=t.tokens,
-            behaviour_logprobs=t.logprobs,
-            reward=t.reward,
-            group_id=t.group_id,
-            weight_version=t.weight_version,
-        )
-        for t in trajectories
-    ]
 
 
 async def pull_batch(
@@ -302,11 +90,27 @@ async def pull_batch(
     return kept, msgs, dropped
 
 
+class NatsHandoff:
+    """`roles.Handoff` over the job's NATS: objects beside each policy's weights."""
+
+    def __init__(self, rt: Runtime, policy: str) -> None:
+        self.rt, self.policy = rt, policy
+
+    async def publish(self, name: str, data: bytes) -> None:
+        store = await self.rt.js.object_store(self.rt.names.weights_bucket(self.policy))
+        await store.put(name, data)
+
+    async def fetch(self, policy: str, name: str, *, timeout: float) -> bytes | None:
+        return await bundle.wait_for_object(
+            self.rt.js, self.rt.names, policy, name, timeout=timeout, poll=0.5
+        )
+
+
 class Leader:
     """Rank 0's NATS side: bundle, weight publication, trajectories, heartbeats, metrics."""
 
-    def __init__(self, rt: Runtime, trainer: Trainer, workdir: Path) -> None:
-        self.rt, self.trainer, self.workdir = rt, trainer, workdir
+    def __init__(self, rt: Runtime, trainer: Trainer, role: roles.PolicyRole) -> None:
+        self.rt, self.trainer, self.role = rt, trainer, role
         self.policy = trainer.policy
         self.publishing: asyncio.Task[Any] | None = None
         # Started now, so that its imports overlap the warm-up; encoding in a process of its own
@@ -315,17 +119,16 @@ class Leader:
         self.started = time.monotonic()  # reset once training starts (after the warm-up)
         self.waited = 0.0
         self.metrics = MetricsLog.from_env()
-        self.exam_cases: list[Problem] = []  # a verifier's fixed exam (`evaluation.exam_cases`)
+        spec = rt.config.spec
+        self.scorer = Scorer(
+            trainer.model,
+            trainer.tokenizer,
+            roles.budget(role, spec),
+            spec.algorithm.max_new_tokens,
+        )
 
     async def start(self) -> Any:
-        warmed = await asyncio.to_thread(evaluation.warm_start, self.trainer, self.rt.config.spec)
-        if warmed:
-            log.info("supervised warm-up: %s", warmed)
-        await asyncio.to_thread(self.trainer.sync_from_leader)
-        await self.share_exam()
-        start = await asyncio.to_thread(self.evaluate)
-        if start and self.trainer.state.step == 0:  # where RL starts from, as step 0
-            self.write_metrics({"step": 0, "version": 0, **start, **evaluation.prefixed(warmed)})
+        await self.warm_up_and_evaluate()
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
         try:
             models.export(self.trainer.model, self.trainer.tokenizer, export)
@@ -347,37 +150,58 @@ class Leader:
         await self.publisher.publish(self.trainer.bf16(), version=first)
         self.trainer.state.version = first
         self.started = time.monotonic()
+        self.stage("training")
         return await self.rt.js.pull_subscribe(
             self.rt.names.trajectories_subject(self.policy.name),
             durable=CONSUMER,
             stream=self.rt.names.trajectories_stream(self.policy.name),
         )
 
-    async def share_exam(self) -> None:
-        """A solver at step 0 publishes its answers for the verifier's exam; the verifier
-        waits for them (`exam`)."""
-        spec = self.rt.config.spec
-        if not evaluation.has_exam(spec):
-            return
-        solver = spec.policies[0].name
-        if self.policy.name == solver and self.trainer.state.step == 0:
-            answers = await asyncio.to_thread(
-                evaluation.solver_answers, self.trainer.model, self.trainer.tokenizer, spec
-            )
-            await exam.publish(self.rt.js, self.rt.names, solver, answers)
-        elif evaluation.is_verifier(self.policy.name, spec):
-            got = await exam.fetch(self.rt.js, self.rt.names, solver, timeout=EXAM_TIMEOUT_SECONDS)
-            self.exam_cases = evaluation.exam_cases(got, spec) if got else []
-            right = sum(map(verify.truth, self.exam_cases))
-            log.info(
-                "exam: %d of the %s's answers to judge, %d right",
-                len(self.exam_cases),
-                solver,
-                right,
-            )
+    async def warm_up_and_evaluate(self) -> None:
+        """The warm start (held-out figures before it, when both run), what the policy's
+        role runs before RL, and the held-out figures RL starts from, as step 0."""
+        state, spec = self.trainer.state, self.rt.config.spec
+        resumed = state.step > 0 or state.epoch > 0
+        warming = warmstart.will_run(self.policy, self.role.warmup, resumed=resumed)
+        self.stage("evaluating")
+        before = await asyncio.to_thread(self.evaluate) if warming else {}
+        self.stage("warming up" if warming else "starting")
+        warmed = await asyncio.to_thread(
+            warmstart.warm_start,
+            self.trainer.model,
+            self.trainer.tokenizer,
+            self.policy,
+            self.role.warmup,
+            seed=spec.workflow.task.seed,
+            max_new_tokens=self.scorer.max_new_tokens,
+            resumed=resumed,
+        )
+        if warmed:
+            log.info("supervised warm-up: %s", warmed)
+        await asyncio.to_thread(self.trainer.sync_from_leader)
+        if self.role.evaluator is not None:
+            self.stage("preparing its evaluation")
+            handoff = NatsHandoff(self.rt, self.policy.name)
+            await self.role.evaluator.prepare(handoff, self.scorer, first=state.step == 0)
+        self.stage("evaluating")
+        start = await asyncio.to_thread(self.evaluate)
+        if start and state.step == 0:  # where RL starts from, as step 0
+            figures = {**start, **warmstart.prefixed(warmed)}
+            figures |= warmstart.prefixed(before, "before_warmup_")
+            self.write_metrics({"step": 0, "version": 0, **figures})
 
     def evaluate(self) -> dict[str, float]:
-        return evaluation.evaluate(self.trainer, self.rt.config.spec, exam=self.exam_cases)
+        """Held-out figures every `evalEvery` steps (and at step 0), with `held_out`, the
+        evaluator's headline, which status and plots lead with."""
+        evaluator, every = self.role.evaluator, self.policy.trainer.eval_every
+        if evaluator is None or every == 0 or self.trainer.state.step % every:
+            return {}
+        figures = evaluator.evaluate(self.scorer)
+        held_out = figures.get(evaluator.headline)
+        if held_out is not None:
+            figures["held_out"] = held_out
+            self.rt.figures["held_out"] = held_out
+        return figures
 
     async def publish_next(self, *, final: bool = False) -> None:
         """Publish the just-trained weights off the critical path (one in flight); `final`:
@@ -398,7 +222,7 @@ class Leader:
         state = self.trainer.state
         self.waited += stats.get("wait_seconds", 0.0)
         elapsed = time.monotonic() - self.started
-        self.rt.figures = {
+        self.rt.figures |= {  # held_out stays as the last evaluation left it
             "step": state.step,
             "weight_version": state.version,
             "reward": stats.get("reward"),
@@ -417,9 +241,13 @@ class Leader:
     def write_metrics(self, figures: dict[str, Any]) -> None:
         self.metrics.write([{"policy": self.policy.name, **figures, "time": time.time()}])
 
+    def stage(self, stage: str) -> None:
+        """What the trainer does now, for the run's progress display."""
+        self.metrics.stage(self.policy.name, stage)
 
-async def run(rt: Runtime, trainer: Trainer, workdir: Path) -> None:
-    leader = Leader(rt, trainer, workdir)
+
+async def run(rt: Runtime, trainer: Trainer, role: roles.PolicyRole) -> None:
+    leader = Leader(rt, trainer, role)
     try:
         await _train(rt, trainer, leader)
     finally:
@@ -486,13 +314,6 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         await sub.unsubscribe()
 
 
-def shuffled_rewards(samples: list[batching.Sample], *, seed: int) -> list[batching.Sample]:
-    """The control experiment's batch: the same samples with their rewards permuted."""
-    rewards = [s.reward for s in samples]
-    random.Random(seed).shuffle(rewards)
-    return [dataclasses.replace(s, reward=r) for s, r in zip(samples, rewards, strict=True)]
-
-
 def workdir_for(config: WorkerConfig) -> Path:
     root = Path(os.environ.get(TRAINER_DIR_ENV, Path(tempfile.gettempdir()) / "polyrl"))
     return root / trainer_subdir(config.namespace, config.job, config.policy or "policy")
@@ -502,6 +323,7 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     policy = config.spec.policy(config.policy or "")
     if policy is None:
         raise ConfigError(f"policy {config.policy!r} is not in the job's spec")
+    role = preflight.roles(config.spec)[policy.name]
     torch.set_num_threads(torch_threads())
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = Trainer(
@@ -509,7 +331,7 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     )
     if rank != 0:
         trainer.sync_from_leader()
-        await asyncio.to_thread(ranks.follow, trainer)
+        await asyncio.to_thread(ranks.follow, trainer.step)
         return
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
@@ -518,7 +340,7 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     rt.figures = {"step": state.step, "weight_version": max(0, state.version)}
     beat = asyncio.create_task(rt.heartbeat_forever())
     try:
-        await run(rt, trainer, workdir_for(config))
+        await run(rt, trainer, role)
     finally:
         beat.cancel()
         await rt.close()
@@ -535,6 +357,7 @@ def main() -> int:
         if policy is None:
             raise ConfigError(f"policy {config.policy!r} is not in the job's spec")
         preflight.policy_model(policy)  # before the rendezvous: every rank fails at once
+        preflight.roles(config.spec)
     except ConfigError as err:
         return fail("polyrl trainer", err)
     ranks.init_process_group()

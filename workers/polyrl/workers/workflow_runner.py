@@ -30,12 +30,11 @@ from polyrl.api.resources import Mode, UniformGroups
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
 from polyrl.workers.ahead import AheadGate
 from polyrl.workers.deltas import announce
+from polyrl.workers.episode import Episode, nothing_held
 from polyrl.workers.held import HeldGroups, LeaveOut
-from polyrl.workers.judging import JudgedAccuracy
+from polyrl.workers.roles import Reports, Workflow
 from polyrl.workers.runtime import MetricsLog, Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
-from polyrl.workers.workflows import Episode, Workflow
-from polyrl.workers.workflows.episode import nothing_held
 
 log = logging.getLogger("polyrl.workflow")
 
@@ -73,7 +72,6 @@ class WorkflowRunner:
         self.episodes = 0
         self.failed = 0
         self.recent: dict[str, list[float]] = {}
-        self.judging = JudgedAccuracy()
         self.finished: set[str] = set()  # policies whose trainers are done
         # The version each policy's trainer trains from, from its heartbeats (`_watch_versions`)
         self.trainer_versions: dict[str, int] = {}
@@ -219,7 +217,8 @@ class WorkflowRunner:
         _, pending = await asyncio.wait(loops, timeout=self.drain_timeout)
         for task in pending:
             task.cancel()
-        self._write_metrics(self.judging.flush())
+        if isinstance(self.workflow, Reports):
+            self._write_metrics(self.workflow.flush())
         log.info(
             "stopped: %d episodes done, %d failed, %d cut short; requests waited %.0f s in all "
             "for trainers to catch up",
@@ -258,7 +257,7 @@ class WorkflowRunner:
                 await self.gate.admit()
             self.in_episode.add(index)
             try:
-                await self.workflow(episode)
+                await self.workflow.run(episode)
                 if held is not None:
                     await self._release(held)
                 self.episodes += 1
@@ -289,9 +288,8 @@ class WorkflowRunner:
         )
 
     def _record(self, episode: Episode) -> None:
-        for policy, version, truth, said in episode.judgements:
-            self.judging.add(policy, version, truth, said)
-        self._write_metrics(self.judging.closed())
+        if isinstance(self.workflow, Reports):
+            self._write_metrics(self.workflow.report())
         for policy, rewards in episode.rewards.items():
             window = self.recent.setdefault(policy, [])
             window.extend(rewards)
@@ -306,7 +304,8 @@ class WorkflowRunner:
             self.rt.figures["idle_fraction"] = min(1.0, self.gate.waited / elapsed)
 
     def _write_metrics(self, records: list[dict[str, Any]]) -> None:
-        """Judging figures into the run's metrics (beside the trainers' lines), and the log."""
+        """The workflow's own figures (a verifier's judging) into the run's metrics, beside
+        the trainers' lines, and the log."""
         for record in records:
             log.info("judged %s", record)
         self.metrics.write(records)

@@ -7,7 +7,6 @@ kubelet's `nodeStatusReportFrequency` does.
 
 from __future__ import annotations
 
-import datetime
 import platform
 import uuid
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from polyrl.api.base import now_rfc3339
 
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
@@ -53,10 +54,6 @@ class NodeSpec:
         return spec
 
 
-def now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
 def _conditions(stamp: str, *, transition: bool = True) -> list[dict[str, str]]:
     """Node conditions; a refresh leaves lastTransitionTime alone (strategic merge by type)."""
     quiet = {
@@ -84,7 +81,7 @@ def _conditions(stamp: str, *, transition: bool = True) -> list[dict[str, str]]:
 
 
 def node_status(spec: NodeSpec, kube_version: str, kubelet_port: int = 0) -> dict[str, Any]:
-    stamp = now().isoformat()
+    stamp = now_rfc3339()
     return {
         "capacity": spec.capacity,
         "allocatable": spec.capacity,
@@ -144,7 +141,7 @@ def register(
 
 def renew_lease(coord: client.CoordinationV1Api, name: str) -> None:
     """Create or renew the node's Lease, the heartbeat the lifecycle controller reads."""
-    stamp = now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = now_rfc3339(micro=True)
     body = {
         "metadata": {"name": name, "namespace": LEASE_NAMESPACE},
         "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": stamp},
@@ -158,5 +155,5 @@ def renew_lease(coord: client.CoordinationV1Api, name: str) -> None:
 
 
 def refresh_ready(core: client.CoreV1Api, name: str) -> None:
-    stamp = now().isoformat()
+    stamp = now_rfc3339()
     core.patch_node_status(name, {"status": {"conditions": _conditions(stamp, transition=False)}})

@@ -6,16 +6,17 @@ whole picture of what it changes and nothing else.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from polyrl.api.base import now_rfc3339
 
 HOST_IP = "127.0.0.1"
 
 
 def stamp() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now_rfc3339()
 
 
 @dataclass(slots=True)

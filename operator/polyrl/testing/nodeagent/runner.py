@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polyrl.local import podenv
 from polyrl.testing.nodeagent import container as launcher
-from polyrl.testing.nodeagent import podenv, podnet, podstatus, probes, volumes
+from polyrl.testing.nodeagent import podnet, podstatus, probes, volumes
 from polyrl.testing.nodeagent.podstatus import ContainerState
 
 log = logging.getLogger("polyrl.nodeagent")

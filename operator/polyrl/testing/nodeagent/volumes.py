@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from polyrl.testing.nodeagent import podenv
+from polyrl.local import podenv
 
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 REFRESH_FRACTION = 0.8  # re-request a token once this much of its lifetime has passed

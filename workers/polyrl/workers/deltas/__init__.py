@@ -4,12 +4,11 @@ The trainer calls `encode.encode_delta(published, new, ...)` each step and
 `encode.encode_keyframe(state, ...)` every K versions; a rollout worker calls
 `decode.apply_delta(state, blob, have_version=...)`, or `decode.load_keyframe(blob)` when it holds
 nothing. Refusals are `errors.DeltaError`s and leave the target as it was. `format` documents the
-container byte by byte, `sections` the encoding of changed elements, `measure` reproduces the size
-and speed figures. Pure functions of bytes and tensors: no networking, no operator dependency.
+container byte by byte, `sections` the encoding of changed elements (`polyrl bench delta`
+measures size and speed). Pure functions of bytes and tensors: no networking, no operator dependency.
 
 Moving the objects is separate, on top of the codec: `chain` names them and plans a replica's
 way to the latest version (and what retention may delete), `store` writes and reads them in the
 policy's Object Store bucket (`bulk` is its fast receive path), `announce` is the wire message
 that says a version is ready, `publish` is the trainer's side and `sync` the replica's.
-`bench` is `polyrl bench delta`; `netshape` shapes a link for it.
 """

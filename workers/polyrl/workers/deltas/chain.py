@@ -66,14 +66,6 @@ def is_keyframe_version(version: int, keyframe_every: int) -> bool:
     return version % keyframe_every == 0
 
 
-def objects_for(version: int, keyframe_every: int) -> list[str]:
-    """What the trainer writes for `version`: the delta from the version before, a keyframe if due."""
-    names = [delta_name(version - 1, version)] if version > 0 else []
-    if is_keyframe_version(version, keyframe_every):
-        names.append(keyframe_name(version))
-    return names
-
-
 def plan_sync(
     have: int | None,
     latest: int,
@@ -128,10 +120,6 @@ def _cheapest_paths(have: int | None, latest: int, objects: list[WeightObject]) 
 def _offer(best: dict[int, _Path], version: int, path: _Path) -> None:
     if version not in best or path[:2] < best[version][:2]:
         best[version] = path
-
-
-def path_cost(plan: Iterable[str], available: Mapping[str, int]) -> int:
-    return sum(available[name] for name in plan)
 
 
 def to_delete(

@@ -20,7 +20,7 @@ log holds only the old bits of the changed elements, about 1% of the model. Why 
 elements are scattered, so gathering and scattering them over a whole tensor costs a cache miss
 each, and hashing afterwards another pass over memory; per chunk, the hash reads what the gather
 already brought into cache. The price of writing in place is that a concurrent reader could see a
-half-applied tensor during step 3; deltas are applied between requests (DESIGN §4), never under a
+half-applied tensor during step 3; deltas are applied between requests (the rollout worker's loop), never under a
 running forward pass.
 
 Tensors are decoded, patched and hashed on a thread pool (see `threads`). Targets must be

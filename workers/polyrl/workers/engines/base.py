@@ -1,6 +1,6 @@
 """The one interface a rollout worker generates through, whatever does the generating.
 
-A rollout worker (DESIGN §4) does three things with its model: answer batched generation
+A rollout worker (docs/architecture.md) does three things with its model: answer batched generation
 requests, report the behaviour log-probs the trainer's truncated importance sampling needs, and
 take new weights between requests. Everything it needs from an engine is therefore here, and
 nothing else: no tokenizer (requests and replies are token ids, so the worker, the trainer and

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 
-from polyrl.workers.tasks import base, verify
+from polyrl.workers.tasks import base
 
 NAME = "arithmetic"
 OPERATORS = "+-*/"
@@ -76,7 +76,7 @@ class Arithmetic(base.GeneratedTask):
         learn; a near miss in the leading digit would need the carry.
         """
         first = 1 if problem.answer.startswith("-") else 0
-        return verify.near_miss(problem, rng, at=first if self.reverse else -1)
+        return base.near_miss(problem, rng, at=first if self.reverse else -1)
 
 
 def written(value: int, *, reverse: bool) -> str:

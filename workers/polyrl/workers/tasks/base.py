@@ -137,3 +137,19 @@ def int_param(task_name: str, params: Params, key: str, default: int, low: int, 
             f"task {task_name}: param {key} must be an integer in [{low}, {high}], got {value!r}"
         )
     return value
+
+
+def near_miss(problem: Problem, rng: random.Random, *, at: int = -1) -> str:
+    """A wrong answer close to the right one: its character at `at` (the last) changed.
+
+    A digit becomes another digit. This is the default; a task with a `near_miss(problem, rng)`
+    method of its own (arithmetic, whose answers may be written reversed) picks the position.
+    """
+    answer = problem.answer
+    at %= len(answer)
+    old = answer[at]
+    if old.isdigit():
+        replacement = str((int(old) + rng.randint(1, 9)) % 10)
+    else:
+        replacement = "0" if old != "0" else "1"
+    return answer[:at] + replacement + answer[at + 1 :]

@@ -1,39 +1,33 @@
 """Multi-policy workflows: how one episode calls the policies and rewards each of them.
 
-A workflow is an async function `workflow(episode: Episode) -> None` that samples or is given
-a problem, asks policies for completions through `episode.generate`, and hands every sample
-with its reward to `episode.emit`. Built-ins are `single` and `solver-verifier`; a job can
-name any `module:function` with that signature instead.
+A workflow is an object with a `name`, `roles(spec, task)` (what each of its policies does:
+warm-up examples, evaluation; see `roles.PolicyRole`) and `async run(episode)`, which asks
+policies for completions through `episode.generate` and hands every sample with its reward
+to `episode.emit`; or simply an `async def workflow(episode)`, which declares no roles.
+Built-ins: `single` and `solver-verifier`, written against the same interface; a job names
+any `module:attribute` instead. docs/workflows.md shows how to write one.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Awaitable, Callable
+from polyrl.workers.episode import Episode
+from polyrl.workers.roles import (
+    BUILTIN,
+    Evaluator,
+    Handoff,
+    PolicyRole,
+    TaskAccuracy,
+    Workflow,
+    load_workflow,
+)
 
-from polyrl.workers.workflows.builtin import single, solver_verifier
-from polyrl.workers.workflows.episode import Episode
-
-Workflow = Callable[[Episode], Awaitable[None]]
-
-BUILTIN: dict[str, Workflow] = {"single": single, "solver-verifier": solver_verifier}
-
-
-def load_workflow(name: str) -> Workflow:
-    """A built-in by name, or a `module:function` entry point; a clear error otherwise."""
-    if name in BUILTIN:
-        return BUILTIN[name]
-    module_name, sep, attr = name.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"unknown workflow {name!r}: use {sorted(BUILTIN)} or 'module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"workflow entry point {name!r} cannot be loaded: {err}") from None
-    if not callable(fn):
-        raise ValueError(f"workflow entry point {name!r} is not callable")
-    workflow: Workflow = fn
-    return workflow
-
-
-__all__ = ["BUILTIN", "Episode", "Workflow", "load_workflow"]
+__all__ = [
+    "BUILTIN",
+    "Episode",
+    "Evaluator",
+    "Handoff",
+    "PolicyRole",
+    "TaskAccuracy",
+    "Workflow",
+    "load_workflow",
+]

@@ -40,13 +40,13 @@ from nats.js import JetStreamContext, api
 
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
-from polyrl.testing.natsserver import NatsServer
+from polyrl.bench import measure
+from polyrl.bench.netshape import ShapedProxy
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers import runtime
-from polyrl.workers.deltas import measure
 from polyrl.workers.deltas.announce import WeightAnnouncement
 from polyrl.workers.deltas.encoders.inline import InlineEncoder
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
-from polyrl.workers.deltas.netshape import ShapedProxy
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import ObjectMeta, WeightStore
 from polyrl.workers.deltas.sync import WeightSync

@@ -16,12 +16,13 @@ import yaml
 from kubernetes import client
 
 from polyrl.api import crds
-from polyrl.operator.bench.common import NAMESPACE, STATUS_INTERVAL, say
-from polyrl.operator.bench.podwatch import PodWatch
-from polyrl.testing import processes, tools
+from polyrl.bench.operator_common import NAMESPACE, STATUS_INTERVAL, say
+from polyrl.bench.operator_pods import PodWatch
+from polyrl.local import processes
+from polyrl.local.natsserver import NatsServer
+from polyrl.testing import tools
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
-from polyrl.testing.natsserver import NatsServer
 
 
 @dataclass
@@ -139,7 +140,7 @@ def environment(workdir: Path) -> Iterator[Env]:
         (workdir / "nats").mkdir()
         nats = stack.enter_context(NatsServer(workdir / "nats"))
         cluster, kubectl = start_cluster(workdir, stack)
-        say(f"control plane up: {cluster.control_plane.timings.summary()}")
+        say(f"control plane {cluster.control_plane.timings.summary()}")
         install_crds(kubectl)
         operator, metrics_url, live_url = start_operator(
             workdir, cluster.kubeconfig, nats.url, stack

@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from polyrl.api import naming
 from polyrl.api.base import GROUP, VERSION
-from polyrl.operator.bench.common import (
+from polyrl.bench.operator_common import (
     API_REQUESTS,
     NAMESPACE,
     POLICIES,
@@ -52,7 +52,7 @@ from polyrl.operator.bench.common import (
     STATUS_INTERVAL,
     say,
 )
-from polyrl.operator.bench.podwatch import (
+from polyrl.bench.operator_pods import (
     active_rollouts,
     all_running,
     leaving_rollouts,
@@ -61,7 +61,7 @@ from polyrl.operator.bench.podwatch import (
     pods_of_job,
     rollouts_of,
 )
-from polyrl.operator.bench.stack import Env, environment
+from polyrl.bench.operator_stack import Env, environment
 from polyrl.testing.kube import wait_for
 
 

@@ -2,6 +2,8 @@
 
 Pure functions over plain dicts (pods as the API returns them, camelCase), so they are
 unit-tested without a cluster; secrets and config maps are looked up through a callback.
+`polyrl run` expands launches' commands with `expand`, as the kubelet would in a pod; the
+test node agent renders whole pods with the rest.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from polyrl.api import naming
-from polyrl.operator.bench.common import NAMESPACE, WATCH_SECONDS
+from polyrl.bench.operator_common import NAMESPACE, WATCH_SECONDS
 
 
 @dataclass(slots=True)

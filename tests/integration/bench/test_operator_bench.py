@@ -11,10 +11,11 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from .helpers import REPO
+REPO = Path(__file__).resolve().parents[3]
 
 TIMES = (
     "apply_to_pods_median_s",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polyrl.workers.engines import bench
+from polyrl.bench import engine as bench
 
 
 @pytest.mark.slow

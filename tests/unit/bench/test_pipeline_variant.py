@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from polyrl.local import bench, jobfile
+from polyrl.bench import pipeline as bench
+from polyrl.local import jobfile
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 class StartupError(RuntimeError):
-    """A test service could not be built or started."""
+    """A local service (nats-server, a control-plane binary) could not be built or started."""
 
     def __init__(self, step: str, reason: str, log: Path | None = None) -> None:
         self.step = step

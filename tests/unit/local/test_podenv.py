@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from polyrl.testing.nodeagent import podenv
+from polyrl.local import podenv
 
 POD: dict[str, Any] = {
     "metadata": {

@@ -69,22 +69,6 @@ def truth(judged: base.Problem) -> bool:
     return judged.answer.endswith(YES)
 
 
-def near_miss(problem: base.Problem, rng: random.Random, *, at: int = -1) -> str:
-    """A wrong answer close to the right one: its character at `at` (the last) changed.
-
-    A digit becomes another digit. This is the default; a task with a `near_miss(problem, rng)`
-    method of its own (arithmetic, whose answers may be written reversed) picks the position.
-    """
-    answer = problem.answer
-    at %= len(answer)
-    old = answer[at]
-    if old.isdigit():
-        replacement = str((int(old) + rng.randint(1, 9)) % 10)
-    else:
-        replacement = "0" if old != "0" else "1"
-    return answer[:at] + replacement + answer[at + 1 :]
-
-
 class VerificationTask:
     """The verifier's own task: a problem with a candidate answer, worked and judged.
 
@@ -101,7 +85,7 @@ class VerificationTask:
         return f"verify-{self.task.name}"
 
     def judged(self, problem: base.Problem, right: bool, rng: random.Random) -> base.Problem:
-        miss = getattr(self.task, "near_miss", None) or near_miss
+        miss = getattr(self.task, "near_miss", None) or base.near_miss
         candidate = problem.answer if right else miss(problem, rng)
         if not right and self.task.reward(problem, candidate) > 0.5:
             candidate, right = problem.answer, True  # the near miss happened to be right too

@@ -9,8 +9,8 @@ import uuid
 import nats
 from nats.js import api
 
-from polyrl.testing.natsserver import NatsServer
-from polyrl.workers.deltas.netshape import ShapedProxy
+from polyrl.bench.netshape import ShapedProxy
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers.deltas.store import WeightStore
 
 RATE_BITS, RTT = 40e6, 0.05  # 5 MB/s, 50 ms

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from polyrl.testing import processes
+from polyrl.local import processes
 
 LAUNCHER = """
 import subprocess, sys, time

@@ -1,4 +1,4 @@
-"""What a workflow sees of the system: one episode, its problem, generation and emission.
+"""What a workflow sees of the system: one episode, its generation and emission.
 
 `Episode` hides NATS: `generate` publishes a GenerationRequest to the policy's work queue
 and awaits the response (retrying under a fresh id after a timeout, so the stream's
@@ -47,7 +47,6 @@ class Episode:
     """Policies asked for as many samples as their trainers can take within maxStaleness
     (async mode, `ahead`): asking them now holds the episode until their trainers catch up."""
     rewards: dict[str, list[float]] = field(default_factory=dict)
-    judgements: list[tuple[str, int, bool, bool | None]] = field(default_factory=list)
 
     def available(self, policy: str) -> bool:
         """Whether asking `policy` now is useful: its trainer has weights out, is not done and
@@ -83,11 +82,6 @@ class Episode:
         settles first, so those samples do not grow stale meanwhile; with refill the
         solver's trainer dropped 17-25 samples a step for that while the verifier trained."""
         await self._settle()
-
-    def judged(self, policy: str, version: int, *, truth: bool, said: bool | None) -> None:
-        """Note that `policy` (at weight `version`) judged an answer: right or not, and what it
-        said (None: no verdict). The runner reports how well it judges (`judging`)."""
-        self.judgements.append((policy, version, truth, said))
 
     @staticmethod
     def text(response: GenerationResponse, index: int) -> str:

@@ -1,4 +1,4 @@
-"""Start and stop the processes of a test service, by PID and never by name.
+"""Start and stop local processes (`polyrl run`'s workers, a test control plane), by PID only.
 
 Each process gets its own session (process group), so stopping it also stops anything it
 spawned, and its output goes to a log file whose path is kept for error messages. A
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from polyrl.testing.errors import StartupError
+from polyrl.local.errors import StartupError
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from polyrl.workers.deltas import bench
+from polyrl.bench import delta as bench
 
 RATIOS = [
     "changed_fraction",

