@@ -12,9 +12,14 @@ listed where they are made), so a changed README changes what is tested. Sources
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MARKDOWN = ("README.md", "charts/polyrl/README.md")
@@ -87,3 +92,36 @@ def block(source: str, heading: str) -> list[str]:
     found = [c.text for c in commands() if c.source == source and c.heading == heading]
     assert found, f"no commands under {heading!r} in {source}"
     return found
+
+
+def run_example(
+    example: str, tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """Run an example as its header says (`example_run`), in `tmp_path`, into
+    `tmp_path/run`; the finished process (asserted to have succeeded) and its metrics."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        example_run(example, run_dir),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=480,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return proc, [json.loads(line) for line in lines]
+
+
+def example_run(example: str, run_dir: Path) -> list[str]:
+    """The `polyrl run` line in an example's header, as argv to run here: this interpreter's
+    polyrl, the run directory `run_dir`, and the example by absolute path (so a test may run
+    it from elsewhere and its workflow module is still found beside the job file)."""
+    runs = [c.text for c in commands() if c.source == example]
+    assert len(runs) == 1, runs
+    assert runs[0].startswith("polyrl run "), runs
+    argv = shlex.split(runs[0])
+    argv[argv.index("--run-dir") + 1] = str(run_dir)
+    argv[argv.index(example)] = str(REPO / example)
+    argv[0:1] = [sys.executable, "-m", "polyrl.cli"]
+    return argv

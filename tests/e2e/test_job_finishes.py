@@ -1,5 +1,8 @@
 """A short job with the real workers, on the test cluster, from apply to a model on disk.
 
+The policy is a tiny Qwen3 with a byte-level BPE tokenizer and a chat template
+(`tiny-bpe://`), so a real architecture's token-in/token-out path runs under the operator.
+
 The trainer pod is deleted mid-run (as a node loss or an eviction would): its replacement
 mounts the same checkpoint claim and resumes from the last checkpoint in a new epoch,
 numbering versions after the last one announced. The job then finishes: Succeeded with a
@@ -39,7 +42,8 @@ JOB = {
         "policies": [
             {
                 "name": "solver",
-                "model": {"path": "tiny-llama://e2e-short"},
+                # A Qwen3 with a BPE tokenizer, its prompts through its chat template.
+                "model": {"path": "tiny-bpe://qwen3/e2e-short", "promptFormat": "chat"},
                 "trainer": {
                     "batchSize": 16,
                     "microBatchSize": 16,

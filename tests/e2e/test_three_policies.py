@@ -5,9 +5,6 @@ evaluated on its own held-out split before and after, and shows in the plot and 
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,27 +16,9 @@ EXAMPLE = "examples/three-policies.yaml"
 POLICIES = ("solver", "reverser", "checker")
 
 
-def header_command() -> list[str]:
-    """The example's documented `polyrl run` line, split as a shell would."""
-    runs = [c.text for c in documented.commands() if c.source == EXAMPLE]
-    assert len(runs) == 1, runs
-    assert runs[0].startswith("polyrl run "), runs
-    return shlex.split(runs[0])
-
-
 def test_the_three_policy_example_warms_up_and_evaluates_every_policy(tmp_path: Path) -> None:
-    argv = header_command()
-    # Substitutions: this interpreter's polyrl; the run directory in tmp_path; the example by
-    # absolute path, run from elsewhere, so its module is found beside the job file.
-    argv[argv.index("--run-dir") + 1] = str(tmp_path / "run")
-    argv[argv.index(EXAMPLE)] = str(documented.REPO / EXAMPLE)
-    argv[0:1] = [sys.executable, "-m", "polyrl.cli"]
-    proc = subprocess.run(
-        argv, cwd=tmp_path, capture_output=True, text=True, timeout=480, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc, records = documented.run_example(EXAMPLE, tmp_path)
     run_dir = tmp_path / "run"
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for policy in POLICIES:
         mine = [r for r in records if r.get("policy") == policy and "step" in r]
         first = next(r for r in mine if r["step"] == 0)

@@ -3,10 +3,14 @@ backoff, and the CRDs' schema hashes."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from polyrl.api import crds, naming, plan
-from polyrl.api.base import now_rfc3339
+from polyrl.api.base import memory_bytes, now_rfc3339
 from polyrl.api.launch import Role
 from polyrl.api.resources import RLJob
 from polyrl.operator import metrics, podinfo, render, scaling
@@ -144,3 +148,55 @@ def test_the_pods_gauge_sums_every_loops_pods_and_drops_a_stopped_loops() -> Non
     assert pods("rollout", "Running") == 0
     assert pods("trainer", "Running") == 1
     metrics.forget_pods(("group", "ns", "b"))
+
+
+def test_a_pvc_model_is_mounted_read_only_in_trainer_pods_only() -> None:
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["policies"][0]["model"] = {
+        "path": "pvc://models/qwen/0.5b",
+        "tokenizer": "pvc://tokenizers/qwen",
+    }
+    launches = plan.plan(RLJob.model_validate(doc), nats_url="nats://n:4222").launches
+    for launch in launches:
+        spec = render.pod(launch, namespace="team", owner={})["spec"]
+        mounts = spec["containers"][0]["volumeMounts"]
+        claims = {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in spec["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        if launch.role != Role.TRAINER:
+            assert not claims & {"models", "tokenizers"}  # rollouts read the Object Store
+            continue
+        assert {"models", "tokenizers"} <= claims
+        assert {
+            "name": "model-0",
+            "mountPath": "/mnt/polyrl/pvc/models",
+            "readOnly": True,
+        } in mounts
+        assert {
+            "name": "model-1",
+            "mountPath": "/mnt/polyrl/pvc/tokenizers",
+            "readOnly": True,
+        } in mounts
+
+
+def test_a_pvc_path_without_a_claim_and_a_path_is_refused_by_the_api() -> None:
+    doc = copy.deepcopy(JOB)
+    for bad in ("pvc://claim", "pvc://claim/../etc", "pvc:///abs"):
+        doc["spec"]["policies"][0]["model"] = {"path": bad}
+        with pytest.raises(ValidationError, match="expected pvc://<claim>/<path inside"):
+            RLJob.model_validate(doc)
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [("8Gi", 8 * 2**30), ("500M", 500 * 10**6), (1024, 1024), ("1.5Gi", 3 * 2**29), ("1e9", 10**9)],
+)
+def test_memory_quantities_read_as_kubernetes_writes_them(quantity: Any, expected: int) -> None:
+    assert memory_bytes(quantity) == expected
+
+
+def test_a_word_is_not_a_memory_quantity() -> None:
+    with pytest.raises(ValueError, match="is not a memory quantity"):
+        memory_bytes("lots")

@@ -24,6 +24,25 @@ Dns1035Name = Annotated[str, Field(pattern=DNS1035, min_length=1, max_length=63)
 Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 
 
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def memory_bytes(quantity: int | str) -> int:
+    """A Kubernetes memory quantity in bytes ("8Gi", "500M", "1e9", 1024); ValueError if not one."""
+    text = str(quantity).strip()
+    for suffixes in (_BINARY, _DECIMAL):
+        for suffix, factor in suffixes.items():
+            if text.endswith(suffix):
+                return int(float(text.removesuffix(suffix)) * factor)
+    if text.endswith("m"):  # milli-bytes, which Kubernetes allows and nobody means
+        return int(float(text[:-1]) / 1000)
+    try:
+        return int(float(text))
+    except ValueError:
+        raise ValueError(f"{quantity!r} is not a memory quantity") from None
+
+
 class ApiModel(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,

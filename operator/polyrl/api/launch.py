@@ -23,6 +23,9 @@ POD_NAME_ENV = "POLYRL_POD_NAME"
 TRAINER_DIR_ENV = "POLYRL_TRAINER_DIR"  # where a trainer keeps models and checkpoints
 CHECKPOINT_MOUNT = "/var/lib/polyrl"  # the checkpoint claim, in a trainer's first pod
 RDZV_PORT = 29400
+# `pvc://<claim>/<path>` models: the claim is mounted read-only in the trainer's pods here.
+PVC_ROOT = "/mnt/polyrl/pvc"
+PVC_ROOT_ENV = "POLYRL_PVC_ROOT"
 # How a worker's exit status tells the operator (and `polyrl run`) what to do next.
 EXIT_INVALID_INPUT = 2  # the job's spec or data cannot work: running it again cannot help
 EXIT_UNAVAILABLE = 69  # something it needs (NATS) is not there yet: retry with backoff
@@ -84,6 +87,10 @@ class WorkerLaunch(ApiModel):
     checkpoint_claim: str | None = Field(
         None,
         description="PersistentVolumeClaim mounted at CHECKPOINT_MOUNT (a trainer's first pod; a local run ignores it).",
+    )
+    model_claims: list[str] = Field(
+        default_factory=list,
+        description="Claims a `pvc://` model reads from, mounted read-only at PVC_ROOT/<claim> (trainer pods; a local run ignores them).",
     )
     config: WorkerConfig
 

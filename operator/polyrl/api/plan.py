@@ -34,6 +34,7 @@ from polyrl.api.resources import (
     PolicySpec,
     RLJob,
     TrainerSpec,
+    pvc_parts,
 )
 
 WORKER_COMMAND = ("polyrl", "worker")
@@ -260,8 +261,15 @@ def _trainer(
         node_selector=trainer.node_selector,
         tolerations=trainer.tolerations,
         checkpoint_claim=claim,
+        model_claims=model_claims(policy),
         config=config,
     )
+
+
+def model_claims(policy: PolicySpec) -> list[str]:
+    """The claims `policy`'s model and tokenizer read from (`pvc://<claim>/<path>`)."""
+    paths = [policy.model.path, policy.model.tokenizer or ""]
+    return sorted({pvc_parts(p)[0] for p in paths if p.startswith("pvc://")})
 
 
 def checkpoint_claim(job: RLJob, policy: PolicySpec) -> str:

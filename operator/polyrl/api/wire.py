@@ -11,21 +11,26 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from polyrl.api.base import ApiModel
 
-WIRE_VERSION: Final = 1
+# 2: requests carry prompt token ids (the workflow runner tokenises), trajectories a loss mask.
+WIRE_VERSION: Final = 2
 
 
 class GenerationRequest(ApiModel):
     """Ask a policy's rollout pool for `n` completions of one prompt."""
 
-    v: Literal[1] = WIRE_VERSION
+    v: Literal[2] = WIRE_VERSION
     id: str = Field(min_length=1, description="Unique request id (also the JetStream message id).")
     episode_id: str = Field(description="The episode this request belongs to.")
     policy: str = Field(description="The policy asked.")
-    prompt: str = Field(description="Prompt text; the rollout worker tokenizes it.")
+    prompt_tokens: list[int] = Field(
+        min_length=1,
+        description="The prompt as the policy's token ids (the workflow runner encoded it with "
+        "the policy's own tokenizer and chat template; see polyrl.workers.prompts).",
+    )
     n: int = Field(1, ge=1, le=1024, description="Completions wanted (a GRPO group).")
     max_new_tokens: int = Field(16, ge=1, le=65536)
     temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 means greedy.")
@@ -46,11 +51,11 @@ class Completion(ApiModel):
 
 
 class GenerationResponse(ApiModel):
-    v: Literal[1] = WIRE_VERSION
+    v: Literal[2] = WIRE_VERSION
     id: str = Field(description="The request's id.")
     pod: str = Field(description="Which rollout worker answered.")
     weight_version: int = Field(ge=0, description="Weights the completions were sampled with.")
-    prompt_tokens: list[int] = Field(description="The tokenized prompt.")
+    prompt_tokens: list[int] = Field(description="The request's prompt ids, echoed.")
     completions: list[Completion] = Field(default_factory=list)
     error: str | None = Field(None, description="Set when the request could not be served.")
 
@@ -58,7 +63,7 @@ class GenerationResponse(ApiModel):
 class Trajectory(ApiModel):
     """One sample for one policy's trainer."""
 
-    v: Literal[1] = WIRE_VERSION
+    v: Literal[2] = WIRE_VERSION
     id: str = Field(min_length=1, description="Unique sample id (the JetStream message id).")
     episode_id: str
     group_id: str = Field(description="Samples sharing a group are normalised together (GRPO).")
@@ -66,15 +71,28 @@ class Trajectory(ApiModel):
     prompt_tokens: list[int]
     tokens: list[int] = Field(description="Completion tokens.")
     logprobs: list[float] = Field(description="Behaviour log-probs, aligned with tokens.")
+    loss_mask: list[bool] | None = Field(
+        None,
+        description="Per completion token, whether it is trained on (False: text the policy did "
+        "not write, such as a tool's output in a multi-turn episode); None: every token.",
+    )
     reward: float
     weight_version: int = Field(ge=0, description="Weights that generated the sample.")
     created_at: float = Field(description="Unix time.")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Trajectory:
+        if len(self.logprobs) != len(self.tokens):
+            raise ValueError(f"{len(self.logprobs)} log-probs for {len(self.tokens)} tokens")
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.tokens):
+            raise ValueError(f"a loss mask of {len(self.loss_mask)} for {len(self.tokens)} tokens")
+        return self
 
 
 class DeadLetter(ApiModel):
     """A message a worker could not use, kept with the reason for a human to look at."""
 
-    v: Literal[1] = WIRE_VERSION
+    v: Literal[2] = WIRE_VERSION
     subject: str
     worker: str
     error: str

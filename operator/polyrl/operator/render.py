@@ -17,7 +17,14 @@ from typing import Any
 
 from polyrl.api import naming
 from polyrl.api.base import API_VERSION
-from polyrl.api.launch import CHECKPOINT_MOUNT, POD_NAME_ENV, RDZV_PORT, Role, WorkerLaunch
+from polyrl.api.launch import (
+    CHECKPOINT_MOUNT,
+    POD_NAME_ENV,
+    PVC_ROOT,
+    RDZV_PORT,
+    Role,
+    WorkerLaunch,
+)
 from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob
 
 RUN_AS = 65532
@@ -81,6 +88,9 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     if launch.checkpoint_claim:
         container["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+    for i, claim in enumerate(launch.model_claims):
+        mount = {"name": f"model-{i}", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}
+        container["volumeMounts"].append(mount)
     return container
 
 
@@ -110,6 +120,9 @@ def pod_spec(
     if launch.checkpoint_claim:
         claim = {"claimName": launch.checkpoint_claim}
         spec["volumes"].append({"name": "checkpoints", "persistentVolumeClaim": claim})
+    for i, name in enumerate(launch.model_claims):
+        claim_ref: dict[str, Any] = {"claimName": name, "readOnly": True}
+        spec["volumes"].append({"name": f"model-{i}", "persistentVolumeClaim": claim_ref})
     if launch.node_selector:
         spec["nodeSelector"] = dict(launch.node_selector)
     if launch.tolerations:

@@ -39,6 +39,7 @@ from polyrl.api.wire import GenerationRequest, GenerationResponse
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.workers.tokenizer import build_tokenizer
 
 from .helpers import apply, job_doc, live, pods, wait_running
 
@@ -109,7 +110,7 @@ def real_request(i: int, inbox: str) -> bytes:
         id=f"r{i}",
         episode_id=f"drain-test-{i}",
         policy="solver",
-        prompt=f"{i}+{i}=",
+        prompt_tokens=build_tokenizer()(f"{i}+{i}=")["input_ids"],
         n=N_COMPLETIONS,
         max_new_tokens=MAX_NEW_TOKENS,
         reply_to=inbox,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,10 @@ from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.rollout import RolloutWorker
 from polyrl.workers.runtime import Runtime
+from polyrl.workers.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.slow
+CHARS = build_tokenizer()  # the tiny Llama's: requests carry its ids
 
 
 class Trainer:
@@ -102,7 +104,7 @@ async def setup(
 
 
 async def ask(
-    nc: NatsClient, names: JobNames, prompts: list[str], n: int = 2
+    nc: NatsClient, names: JobNames, prompts: Sequence[str | list[int]], n: int = 2
 ) -> list[GenerationResponse]:
     inbox = f"test.{uuid.uuid4().hex}"
     sub = await nc.subscribe(inbox)
@@ -112,7 +114,7 @@ async def ask(
             id=rid,
             episode_id=rid,
             policy="solver",
-            prompt=prompt,
+            prompt_tokens=CHARS(prompt)["input_ids"] if isinstance(prompt, str) else prompt,
             n=n,
             max_new_tokens=6,
             reply_to=inbox,
@@ -181,6 +183,22 @@ async def test_a_malformed_request_is_dead_lettered_and_the_worker_keeps_serving
     assert "malformed request" in letter.error
     assert (await ask(nc, names, ["2+2="], n=1))[0].completions
     assert worker.rt.dead_letters == 1
+
+
+async def test_ids_its_model_cannot_take_are_refused_with_the_cause_and_serving_goes_on(
+    setup: Any,
+) -> None:
+    nc, names, _, _, worker, _ = setup
+    assert worker.context == 128
+    assert worker.stop_ids == (CHARS.eos_token_id,)
+    foreign, long = [1, len(CHARS) + 5], [1] + [5] * 125  # 126 + 6 new > the context of 128
+    refused = await ask(nc, names, [foreign, long, "3+4="], n=1)
+    assert "outside the model's vocabulary" in (refused[0].error or "")
+    assert "exceed the model's context of 128" in (refused[1].error or "")
+    assert not refused[0].completions
+    assert not refused[1].completions
+    assert refused[2].error is None
+    assert refused[2].completions
 
 
 async def test_a_drain_request_is_acked_then_answered_with_drained(setup: Any) -> None:

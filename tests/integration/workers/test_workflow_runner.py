@@ -427,3 +427,39 @@ async def test_a_refilled_policys_settled_groups_go_out_before_the_episode_ends(
     await nc.close()
     assert info.state.messages == 4  # the unsettled group of the episode cut short: not sent
     assert runner.episodes == 0
+
+
+async def long_short_and_chat(episode: Episode) -> None:
+    """A workflow for the next test: one in three episodes asks with a prompt longer than the
+    policy takes, one with chat messages its tokenizer has no template for; the third is fine."""
+    kind = episode.rng.randrange(3)
+    prompt: Any = ["1+1=", "1+1+1+1+1+1+1+1=", [{"role": "user", "content": "1+1="}]][kind]
+    response = await episode.generate("solver", prompt, 2)
+    for i in range(len(response.completions)):
+        await episode.emit("solver", "g", response, i, float(i))
+
+
+async def test_prompts_a_policy_cannot_take_drop_their_episodes_counted_and_the_runner_goes_on(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single").model_copy(deep=True)
+    job.policies[0].max_prompt_tokens = 8  # "1+1=" is 5 tokens with BOS; the long one 17
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    runtimes, tasks, runner = await start_workers(
+        nats_server.url, nc.jetstream(), names, job, tmp_path
+    )
+    runner.workflow = FunctionWorkflow(long_short_and_chat, "long-short-and-chat")
+    try:
+        got = await collect(nc, names, "solver", 6)
+        for _ in range(600):
+            if runner.dropped_prompts >= 2:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await stop_workers(runtimes, tasks)
+        await nc.close()
+    assert all(len(t.prompt_tokens) == 5 for t in got)  # only the short prompt got through
+    assert runner.dropped_prompts >= 2
+    assert runner.failed == 0

@@ -7,6 +7,7 @@ episode asks and what it sends each trainer, which is all a workflow decides.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def episode(
     asked: list[str] = []
     sent: list[tuple[str, float]] = []
 
-    async def generate(policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
+    async def generate(policy: str, prompt: Any, n: int, max_new: int) -> GenerationResponse:
         asked.append(policy)
         texts = ["7", "12y", "99", "5n"] if policy == "verifier" else ["1", "2", "3", "4"]
         completions = [

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from polyrl.api.resources import ModelSource
 from polyrl.workers import model as tiny
+from polyrl.workers import tinybpe
 from polyrl.workers import tokenizer as char_tokenizer
 
 
@@ -154,7 +155,7 @@ def test_make_model_loads_a_local_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ({"path": "pvc://claim/models/a"}, "resolved to a local directory"),
+        ({"path": "pvc://claim/models/a"}, "is not mounted"),
         ({"path": "tiny-llama://../escape"}, "tiny-llama name"),
         ({"path": "tiny-llama://a", "tokenizer": "/tok"}, "character tokenizer"),
         ({"path": "/no/such/model"}, "not a directory"),
@@ -169,7 +170,7 @@ def test_make_model_rejects_sources_it_cannot_load(
 
 def test_seed_for_a_name_is_a_fixed_function_of_the_name() -> None:
     # A literal: `hash()` would change with each process's salt, a pod restart included.
-    assert tiny.seed_for("alpha") == SEED_OF_ALPHA
+    assert tinybpe.seed_for("alpha") == SEED_OF_ALPHA
 
 
 def test_a_model_path_that_cannot_be_a_causal_lm_is_refused_with_its_cause(

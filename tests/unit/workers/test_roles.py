@@ -127,7 +127,7 @@ def test_the_one_policy_workflow_in_the_docs_declares_its_role_and_runs_an_episo
     assert roles.problems(workflow, job, task) == []  # both fields take effect
     sent: list[float] = []
 
-    async def generate(policy: str, prompt: str, n: int, limit: int) -> GenerationResponse:
+    async def generate(policy: str, prompt: Any, n: int, limit: int) -> GenerationResponse:
         answer = str(eval(prompt.removesuffix("=")))  # the right answer, then wrong ones
         texts = [answer, "x", "y", "z"][:n]
         done = [Completion(tokens=[1], logprobs=[0.0], text=t, finish_reason="stop") for t in texts]

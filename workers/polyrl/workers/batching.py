@@ -30,6 +30,7 @@ __all__ = [
     "collate",
     "informative",
     "token_logprobs",
+    "trained_tokens",
 ]
 
 
@@ -49,6 +50,9 @@ class Sample:
     group_id: str
     weight_version: int
     advantage: float = 0.0
+    completion_mask: Sequence[bool] | None = None
+    """Which completion tokens are trained on (a multi-turn episode's tool output is not);
+    None: all of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,12 @@ def assign_advantages(
     return [dataclasses.replace(s, advantage=float(a)) for s, a in zip(samples, adv, strict=True)]
 
 
+def trained_tokens(sample: Sample) -> int:
+    """How many of the sample's completion tokens are trained on (its mask's, or all)."""
+    mask = sample.completion_mask
+    return len(sample.completion_ids) if mask is None else sum(bool(m) for m in mask)
+
+
 def informative(samples: Sequence[Sample]) -> list[Sample]:
     """The samples of groups whose rewards differ, in order.
 
@@ -108,6 +118,11 @@ def _check_sample(index: int, sample: Sample) -> None:
         raise ValueError(
             f"sample {index}: {len(sample.behaviour_logprobs)} behaviour log-probs for "
             f"{len(sample.completion_ids)} completion tokens"
+        )
+    mask = sample.completion_mask
+    if mask is not None and len(mask) != len(sample.completion_ids):
+        raise ValueError(
+            f"sample {index}: a mask of {len(mask)} for {len(sample.completion_ids)} tokens"
         )
 
 
@@ -132,9 +147,13 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
         p, n = len(s.prompt_ids), len(s.prompt_ids) + len(s.completion_ids)
         input_ids[row, :n] = torch.tensor([*s.prompt_ids, *s.completion_ids], dtype=torch.long)
         attention_mask[row, :n] = 1
-        loss_mask[row, p:n] = True
+        mask = s.completion_mask
+        loss_mask[row, p:n] = True if mask is None else torch.tensor(list(mask), dtype=torch.bool)
         old_logprobs[row, p:n] = torch.tensor(list(s.behaviour_logprobs), dtype=torch.float32)
         advantages[row, p:n] = s.advantage
+        if mask is not None:  # zero where not trained on, as the Batch promises
+            old_logprobs[row] *= loss_mask[row]
+            advantages[row] *= loss_mask[row]
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,

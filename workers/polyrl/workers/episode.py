@@ -10,14 +10,16 @@ de-duplicated rather than doubled.
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from polyrl.api.resources import RLJobSpec
 from polyrl.api.wire import Completion, GenerationResponse
 
-Generate = Callable[[str, str, int, int], Awaitable[GenerationResponse]]
+Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
+"""Text, chat messages ({"role", "content"}) or the policy's token ids (see `prompts`)."""
+Generate = Callable[[str, Prompt, int, int], Awaitable[GenerationResponse]]
 Emit = Callable[[str, str, GenerationResponse, int, float], Awaitable[None]]
 Settle = Callable[[], Awaitable[None]]
 
@@ -61,9 +63,18 @@ class Episode:
         return self.spec.algorithm.group_size
 
     async def generate(
-        self, policy: str, prompt: str, n: int = 1, *, max_new_tokens: int | None = None
+        self, policy: str, prompt: Prompt, n: int = 1, *, max_new_tokens: int | None = None
     ) -> GenerationResponse:
-        limit = max_new_tokens or self.spec.algorithm.max_new_tokens
+        """`n` completions of `prompt` from `policy`: text, chat messages or token ids.
+
+        The runner encodes the prompt with that policy's own tokenizer (and chat template),
+        so text may cross between policies with different vocabularies; ids are the asked
+        policy's. The budget is the policy's `maxNewTokens` where the manifest sets one, else
+        `max_new_tokens`, else `algorithm.maxNewTokens`. A prompt the policy cannot take
+        raises `prompts.PromptError` (the runner counts the episode as a dropped prompt)."""
+        spec = self.spec.policy(policy)
+        own = spec.max_new_tokens if spec is not None else None
+        limit = own or max_new_tokens or self.spec.algorithm.max_new_tokens
         return await self._generate(policy, prompt, n, limit)
 
     async def emit(

@@ -107,7 +107,7 @@ class Trainer:
             batch = batching.collate(shard, pad) if shard else None
             # Token-mean over the whole step's tokens, divided by the world size because the
             # gradient all-reduce averages over ranks.
-            step_tokens = max(1.0, sum(len(s.completion_ids) for s in trained) / self.world)
+            step_tokens = max(1.0, sum(map(batching.trained_tokens, trained)) / self.world)
             fixed: list[_Fixed] = []
             for _ in range(self.policy.trainer.updates_per_batch):
                 stats = self._update(batch, step_tokens, fixed)
@@ -230,6 +230,7 @@ def to_samples(trajectories: list[Trajectory]) -> list[batching.Sample]:
             reward=t.reward,
             group_id=t.group_id,
             weight_version=t.weight_version,
+            completion_mask=t.loss_mask,
         )
         for t in trajectories
     ]

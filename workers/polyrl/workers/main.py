@@ -13,9 +13,9 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from polyrl.workers import bundle, preflight, tasks
+from polyrl.workers import bundle, preflight, prompts, tasks
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.runtime import (
     ConfigError,
@@ -29,7 +29,7 @@ from polyrl.workers.workflow_runner import WorkflowRunner
 from polyrl.workers.workflows import Workflow
 
 if TYPE_CHECKING:
-    from polyrl.workers.rollout import RolloutWorker
+    from polyrl.workers.rollout import ModelFacts, RolloutWorker
 
 log = logging.getLogger("polyrl.worker")
 EXIT_USAGE = 2
@@ -63,6 +63,7 @@ async def build_rollout(
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         model = AutoModelForCausalLM.from_config(config, dtype=policy.model.dtype)  # type: ignore[no-untyped-call]
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        facts = model_facts(directory, config, tokenizer)
     finally:  # the weights come from the weight store; the files are not needed again
         shutil.rmtree(scratch, ignore_errors=True)
     engine = make_engine(
@@ -76,7 +77,28 @@ async def build_rollout(
     # Version 0 is announced right after the bundle; poll NATS for it (nothing to wait on).
     while await weights.update(engine) is None and weights.version is None:  # noqa: ASYNC110
         await asyncio.sleep(0.5)
-    return RolloutWorker(rt, engine, tokenizer, weights)
+    return RolloutWorker(rt, engine, tokenizer, weights, model=facts)
+
+
+def model_facts(directory: Path, config: Any, tokenizer: Any) -> ModelFacts:
+    """Stop ids (the tokenizer's EOS and every EOS the model's config and generation config
+    list: an instruct model ends a turn with one, the base text with another), the model's
+    vocabulary and its context."""
+    from transformers import GenerationConfig
+
+    from polyrl.workers.rollout import ModelFacts
+
+    stops: list[int] = []
+    sources: list[Any] = [tokenizer.eos_token_id, getattr(config, "eos_token_id", None)]
+    if (directory / "generation_config.json").exists():
+        sources.append(GenerationConfig.from_pretrained(directory).eos_token_id)
+    for value in sources:
+        for token in value if isinstance(value, list) else [value]:
+            if isinstance(token, int) and token not in stops:
+                stops.append(token)
+    text = getattr(config, "get_text_config", lambda: config)()
+    vocab = int(getattr(text, "vocab_size", len(tokenizer)))
+    return ModelFacts(tuple(stops), vocab, prompts.context_of(text.to_dict()))
 
 
 def build_workflow(

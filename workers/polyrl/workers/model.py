@@ -12,10 +12,9 @@ The cache holds float32 weights whatever dtype is asked for: the dtype is a load
 one cached model serves a float32 trainer and bfloat16 rollout workers, and every one of them
 sees the same rounding of the same initial weights.
 
-Any other path is a local HF directory (config, tokenizer, safetensors), loaded offline. A
-`pvc://<claim>/<path>` source is not resolved here: the pod spec mounts the claim and the caller
-turns the URI into the mounted path before calling `make_model`, because only the caller knows
-where it was mounted.
+`tiny-bpe://<arch>/<name>` is a tiny Llama, Qwen2 or Qwen3 with a BPE tokenizer (`tinybpe`),
+cached the same way. `hf://` and `pvc://` paths resolve to local directories (`sources`); any
+other path is a local HF directory (config, tokenizer, safetensors), loaded offline.
 
 `export` writes the reverse: an HF directory that `AutoModelForCausalLM` and `AutoTokenizer`
 load, for `polyrl export` and for handing a trained policy to other tools.
@@ -24,7 +23,6 @@ load, for `polyrl export` and for handing a trained policy to other tools.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import re
 import shutil
@@ -40,15 +38,17 @@ from transformers import (
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
-from polyrl.api.resources import ModelSource
+from polyrl.api.resources import ModelSource, PromptFormat
+from polyrl.workers import sources, tinybpe
 from polyrl.workers import tokenizer as char_tokenizer
 
 TINY_SCHEME = "tiny-llama://"
-_UNRESOLVED_SCHEMES = ("pvc://", "hf://", "s3://", "gs://", "http://", "https://")
+_UNRESOLVED_SCHEMES = ("s3://", "gs://", "http://", "https://")
 # A name becomes a directory under the cache: no separators, no "..", nothing to escape.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -84,18 +84,12 @@ def tiny_llama_config(
     )
 
 
-def seed_for(name: str) -> int:
-    """A seed from the name that is the same in every process (unlike `hash`, which is salted)."""
-    digest = hashlib.sha256(name.encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
 def make_model(
     source: ModelSource, *, cache_dir: Path
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer `source` names, in `source.dtype`.
 
-    A `tiny-llama://` model is a `LlamaForCausalLM`; a local directory may hold any causal-LM
+    A `tiny-llama://` model is a `LlamaForCausalLM`; any other may be any causal-LM
     architecture transformers knows, so the return type is the general one.
     """
     dtype = _DTYPES[source.dtype]
@@ -107,39 +101,75 @@ def make_model(
             )
         directory = ensure_tiny_llama(source.path.removeprefix(TINY_SCHEME), cache_dir)
         return load_directory(directory, dtype=dtype)
-    if source.path.startswith(_UNRESOLVED_SCHEMES):
-        raise ValueError(
-            f"model path {source.path!r} must be resolved to a local directory by the caller "
-            "(e.g. the mount point of its PersistentVolumeClaim)"
-        )
-    tokenizer_dir = Path(source.tokenizer) if source.tokenizer is not None else None
-    return load_directory(Path(source.path), dtype=dtype, tokenizer_dir=tokenizer_dir)
+    directory, tokenizer_dir = local_dirs(source, cache_dir=cache_dir)
+    return load_directory(directory, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
-def check_source(source: ModelSource) -> None:
-    """Fail early, with the cause, for a model path that cannot be a causal LM: missing, not
-    a directory, without a config transformers reads, or of an architecture that is not a
-    causal language model. Reads only the config (no weights)."""
+def local_dirs(source: ModelSource, *, cache_dir: Path) -> tuple[Path, Path | None]:
+    """The local directories of the model and (where it is elsewhere) its tokenizer."""
+    path = source.path
+    if path.startswith(tinybpe.SCHEME):
+        directory = tinybpe.ensure(path, cache_dir)
+    elif path.startswith(_UNRESOLVED_SCHEMES):
+        raise ValueError(f"model path {path!r}: scheme not supported (give a local directory)")
+    else:
+        directory = Path(sources.resolve(path))
+    tokenizer = source.tokenizer
+    return directory, Path(sources.resolve(tokenizer)) if tokenizer is not None else None
+
+
+def check_source(source: ModelSource, *, cache_dir: Path | None = None) -> None:
+    """Fail early, with the cause, for a model that cannot be trained: a path missing, not a
+    directory, without a config transformers reads, of an architecture that is not a causal
+    language model, with a tokenizer larger than the model's vocabulary, or without the chat
+    template `promptFormat: chat` needs. Reads config and tokenizer only (no weights)."""
     if source.path.startswith(TINY_SCHEME):
         if not _NAME.match(source.path.removeprefix(TINY_SCHEME)):
             raise ValueError(f"model {source.path!r}: not a valid tiny-llama name")
         return
-    if source.path.startswith(_UNRESOLVED_SCHEMES):
-        return  # resolved by the caller (a claim's mount point)
-    directory = Path(source.path)
+    if source.path.startswith(tinybpe.SCHEME):
+        tinybpe.parse(source.path)
+        return
+    directory, tokenizer_dir = local_dirs(source, cache_dir=cache_dir or Path())
+    config = _causal_lm_config(source.path, directory)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or directory, local_files_only=True)
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ValueError(
+            f"model {source.path!r}: its tokenizer has {len(tokenizer)} tokens but the model's "
+            f"vocabulary has {vocab} embeddings: tokenizer and model do not belong together"
+        )
+    if source.prompt_format == PromptFormat.CHAT and not tokenizer.chat_template:
+        raise ValueError(
+            f"model {source.path!r}: promptFormat is chat but its tokenizer has no chat "
+            "template; use promptFormat: text, or a tokenizer with a template"
+        )
+
+
+def source_config(source: ModelSource, *, cache_dir: Path) -> PretrainedConfig | None:
+    """The model's config where it can be read without building anything (a directory or a
+    resolved URI); None for the tiny models, which are built on first use."""
+    if source.path.startswith((TINY_SCHEME, tinybpe.SCHEME)):
+        return None
+    directory, _ = local_dirs(source, cache_dir=cache_dir)
+    return _causal_lm_config(source.path, directory)
+
+
+def _causal_lm_config(path: str, directory: Path) -> PretrainedConfig:
     if not directory.exists():
-        raise ValueError(f"model path {source.path!r} does not exist")
+        raise ValueError(f"model path {path!r} does not exist")
     if not directory.is_dir():
-        raise ValueError(f"model path {source.path!r} is not a directory")
+        raise ValueError(f"model path {path!r} is not a directory")
     try:
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        config: PretrainedConfig = AutoConfig.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError) as err:
-        raise ValueError(f"model path {source.path!r} holds no model config: {err}") from None
+        raise ValueError(f"model path {path!r} holds no model config: {err}") from None
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise ValueError(
-            f"model path {source.path!r} holds a {config.model_type!r} model, which is not a "
+            f"model path {path!r} holds a {config.model_type!r} model, which is not a "
             "causal language model"
         )
+    return config
 
 
 def create_tiny_llama(name: str) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
@@ -148,7 +178,7 @@ def create_tiny_llama(name: str) -> tuple[LlamaForCausalLM, PreTrainedTokenizerB
     config = tiny_llama_config(len(tokenizer))
     # Fork the RNG so that building a model leaves the caller's random state untouched.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed_for(name))
+        torch.manual_seed(tinybpe.seed_for(name))
         model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.train(False)
     return model, tokenizer

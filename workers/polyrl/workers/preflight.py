@@ -11,10 +11,15 @@ nothing.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from polyrl.api.resources import PolicySpec, RLJobSpec
 from polyrl.workers import roles as policy_roles
 from polyrl.workers import tasks
 from polyrl.workers.runtime import ConfigError
+
+log = logging.getLogger("polyrl.preflight")
 
 
 def workflow_and_task(spec: RLJobSpec) -> tuple[policy_roles.Workflow, tasks.Task]:
@@ -36,14 +41,18 @@ def roles(spec: RLJobSpec) -> dict[str, policy_roles.PolicyRole]:
     return policy_roles.resolve(workflow, spec, task)
 
 
-def policy_model(policy: PolicySpec) -> None:
-    """`policy`'s model path can be a causal LM (reads its config only)."""
-    from polyrl.workers import model  # transformers: not for the workflow runner's start
+def policy_model(policy: PolicySpec, *, cache_dir: Path | None = None) -> None:
+    """`policy`'s model can be trained (config and tokenizer only, no weights); a warning in
+    the log when its trainer's declared memory is below what the model needs (`memory`)."""
+    from polyrl.workers import memory, model  # transformers: not for the workflow runner
 
     try:
-        model.check_source(policy.model)
+        model.check_source(policy.model, cache_dir=cache_dir)
+        config = model.source_config(policy.model, cache_dir=cache_dir or Path())
     except ValueError as err:
         raise ConfigError(f"policy {policy.name!r}: {err}") from None
+    if config is not None and (short := memory.shortfall(policy, memory.parameters(config))):
+        log.warning("%s", short)
 
 
 def job(spec: RLJobSpec) -> None:

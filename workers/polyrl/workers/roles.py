@@ -195,9 +195,10 @@ def problems(workflow: Workflow, spec: RLJobSpec, task: base.Task) -> list[str]:
     return found
 
 
-def budget(role: PolicyRole, spec: RLJobSpec) -> int:
-    """A policy's generation budget: its role's, else the job's."""
-    return role.max_new_tokens or spec.algorithm.max_new_tokens
+def budget(role: PolicyRole, spec: RLJobSpec, policy: PolicySpec | None = None) -> int:
+    """A policy's generation budget: its own (`maxNewTokens`), else its role's, else the job's."""
+    own = policy.max_new_tokens if policy is not None else None
+    return own or role.max_new_tokens or spec.algorithm.max_new_tokens
 
 
 __all__ = [

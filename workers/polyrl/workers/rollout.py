@@ -35,7 +35,7 @@ class Tokenizer(Protocol):
     @property
     def eos_token_id(self) -> Any: ...
 
-    def encode(self, text: str, *args: Any, **kwargs: Any) -> Any: ...
+    def __len__(self) -> int: ...
 
     def decode(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -50,6 +50,22 @@ class WeightSource(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the worker checks requests against and stops generation on, from the model's
+    config, generation config and tokenizer (`main.build_rollout` reads them)."""
+
+    stop_ids: tuple[int, ...]
+    vocab_size: int
+    context: int | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> ModelFacts:
+        """From the tokenizer alone (tests' tiny models): its EOS, its length, no context."""
+        eos = tokenizer.eos_token_id
+        return cls((eos,) if eos is not None else (), len(tokenizer))
+
+
 @dataclass
 class Pending:
     msg: Msg
@@ -59,11 +75,23 @@ class Pending:
 
 class RolloutWorker:
     def __init__(
-        self, rt: Runtime, engine: Engine, tokenizer: Tokenizer, weights: WeightSource | None = None
+        self,
+        rt: Runtime,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        weights: WeightSource | None = None,
+        *,
+        model: ModelFacts | None = None,
     ) -> None:
         self.rt = rt
         self.engine = engine
         self.tokenizer = tokenizer
+        facts = model or ModelFacts.of(tokenizer)
+        self.stop_ids, self.vocab_size, self.context = (
+            facts.stop_ids,
+            facts.vocab_size,
+            facts.context,
+        )
         self.weights = weights
         self.policy = rt.config.policy or ""
         self.max_batch = self._max_batch()
@@ -122,8 +150,28 @@ class RolloutWorker:
         if request.min_version > self.engine.version:
             await msg.nak(delay=0.2)  # newer weights are on their way (`ahead`, `syncmode`)
             return None
-        prompt = list(self.tokenizer.encode(request.prompt))  # with BOS, as in warm-up
-        return Pending(msg=msg, request=request, prompt=prompt)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            log.warning("request %s refused: %s", request.id, refusal)
+            await self._answer(request, GenerationResponse(id=request.id, pod=self.rt.pod,
+                weight_version=self.engine.version, prompt_tokens=request.prompt_tokens,
+                error=refusal))  # fmt: skip
+            await msg.term()  # no replica can serve it: never redeliver
+            return None
+        return Pending(msg=msg, request=request, prompt=request.prompt_tokens)
+
+    def _refusal(self, request: GenerationRequest) -> str | None:
+        """Why the request's ids cannot be served by this model (the runner encoded them with
+        the policy's tokenizer, so this is a bug or a foreign id, never routine); else None."""
+        ids = request.prompt_tokens
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            return f"prompt token ids outside the model's vocabulary [0, {self.vocab_size})"
+        if self.context is not None and len(ids) + request.max_new_tokens > self.context:
+            return (
+                f"{len(ids)} prompt tokens and up to {request.max_new_tokens} new ones exceed "
+                f"the model's context of {self.context}"
+            )
+        return None
 
     async def _serve(self, batch: list[Pending]) -> None:
         self.in_flight = len(batch)
@@ -142,8 +190,7 @@ class RolloutWorker:
             self.busy += time.monotonic() - started
 
     def _stops(self) -> tuple[int, ...]:
-        eos = self.tokenizer.eos_token_id
-        return (eos,) if eos is not None else ()
+        return self.stop_ids
 
     async def _reply(self, group: list[Pending], outputs: list[Any]) -> None:
         i = 0
@@ -165,11 +212,14 @@ class RolloutWorker:
                 prompt_tokens=pending.prompt,
                 completions=completions,
             )
-            await self.rt.nc.publish(pending.request.reply_to, response.model_dump_json().encode())
-            await self.rt.nc.flush()
+            await self._answer(pending.request, response)
             await pending.msg.ack()  # only now: a crash before this means redelivery
             self.served += 1
             self.tokens += sum(len(c.tokens) for c in completions)
+
+    async def _answer(self, request: GenerationRequest, response: GenerationResponse) -> None:
+        await self.rt.nc.publish(request.reply_to, response.model_dump_json().encode())
+        await self.rt.nc.flush()
 
     async def _refresh_weights(self) -> None:
         if self.weights is None:

@@ -40,7 +40,7 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import Mode, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import bundle, grpo, preflight, ranks, roles, warmstart
+from polyrl.workers import bundle, grpo, preflight, prompts, ranks, roles, warmstart
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
@@ -122,19 +122,21 @@ class Leader:
         spec = rt.config.spec
         self.scorer = Scorer(
             trainer.model,
-            trainer.tokenizer,
-            roles.budget(role, spec),
+            prompts.for_training(trainer.tokenizer, self.policy.model.prompt_format),
+            roles.budget(role, spec, self.policy),
             spec.algorithm.max_new_tokens,
         )
 
     async def start(self) -> Any:
-        await self.warm_up_and_evaluate()
+        # Config and tokenizer first: the workflow runner encodes this policy's prompts with
+        # them, and neither changes in the warm-up.
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
         try:
             models.export(self.trainer.model, self.trainer.tokenizer, export)
             await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
         finally:
             shutil.rmtree(export, ignore_errors=True)
+        await self.warm_up_and_evaluate()
         store = await WeightStore.open(self.rt.js, self.rt.names.weights_bucket(self.policy.name))
         every = 1 if self.policy.weight_sync == WeightSync.FULL else self.policy.keyframe_every
         self.publisher = WeightPublisher(
@@ -169,7 +171,7 @@ class Leader:
         warmed = await asyncio.to_thread(
             warmstart.warm_start,
             self.trainer.model,
-            self.trainer.tokenizer,
+            self.scorer.tokenizer,
             self.policy,
             self.role.warmup,
             seed=spec.workflow.task.seed,

@@ -30,8 +30,10 @@ from polyrl.api.resources import Mode, UniformGroups
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
 from polyrl.workers.ahead import AheadGate
 from polyrl.workers.deltas import announce
-from polyrl.workers.episode import Episode, nothing_held
+from polyrl.workers.episode import Episode, Prompt, nothing_held
 from polyrl.workers.held import HeldGroups, LeaveOut
+from polyrl.workers.policy_tokenizers import Tokenizers
+from polyrl.workers.prompts import PromptError
 from polyrl.workers.roles import Reports, Workflow
 from polyrl.workers.runtime import MetricsLog, Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
@@ -41,6 +43,10 @@ log = logging.getLogger("polyrl.workflow")
 
 class GenerationTimeout(RuntimeError):
     """No rollout worker answered a request after every retry."""
+
+
+class GenerationRefused(PromptError):
+    """A rollout worker answered with an error: the request's ids do not fit its model."""
 
 
 TRAINERS_POLL_SECONDS = 2.0
@@ -71,6 +77,8 @@ class WorkflowRunner:
         self.counter = itertools.count()
         self.episodes = 0
         self.failed = 0
+        self.dropped_prompts = 0  # episodes whose prompt a policy could not take
+        self.tokenizers = Tokenizers(rt)
         self.recent: dict[str, list[float]] = {}
         self.finished: set[str] = set()  # policies whose trainers are done
         # The version each policy's trainer trains from, from its heartbeats (`_watch_versions`)
@@ -220,10 +228,11 @@ class WorkflowRunner:
         if isinstance(self.workflow, Reports):
             self._write_metrics(self.workflow.flush())
         log.info(
-            "stopped: %d episodes done, %d failed, %d cut short; requests waited %.0f s in all "
-            "for trainers to catch up",
+            "stopped: %d episodes done, %d failed, %d dropped (prompt too long or refused), %d cut "
+            "short; requests waited %.0f s in all for trainers to catch up",
             self.episodes,
             self.failed,
+            self.dropped_prompts,
             len(pending),
             self.ahead.waited if self.ahead is not None else 0.0,
         )
@@ -262,6 +271,9 @@ class WorkflowRunner:
                     await self._release(held)
                 self.episodes += 1
                 self._record(episode)
+            except PromptError as err:
+                self.dropped_prompts += 1
+                log.warning("episode %s dropped: %s", episode.id, err)
             except (GenerationTimeout, ValueError, KeyError, IndexError) as err:
                 self.failed += 1
                 log.warning("episode %s failed: %s", episode.id, err)
@@ -297,6 +309,7 @@ class WorkflowRunner:
         means = [sum(w) / len(w) for w in self.recent.values() if w]
         self.rt.figures = {
             "requests_served": self.episodes,
+            "dropped_prompts": self.dropped_prompts,
             "reward": sum(means) / len(means) if means else None,
         }
         elapsed = time.monotonic() - self.started
@@ -310,9 +323,20 @@ class WorkflowRunner:
             log.info("judged %s", record)
         self.metrics.write(records)
 
-    async def _generate(self, policy: str, prompt: str, n: int, max_new: int) -> GenerationResponse:
+    async def _generate(
+        self, policy: str, prompt: Prompt, n: int, max_new: int
+    ) -> GenerationResponse:
         """Ask `policy` for `n` samples, once it may be asked (`ahead`, async mode), from
-        weights no older than the round's (sync mode) or the staleness bound's (async)."""
+        weights no older than the round's (sync mode) or the staleness bound's (async).
+
+        The prompt becomes ids here, with the policy's own tokenizer (`prompts`)."""
+        encoder = await self.tokenizers.get(policy)
+        ids = encoder.encode(prompt, max_new_tokens=max_new)
+        return await self._generate_ids(policy, ids, n, max_new)
+
+    async def _generate_ids(
+        self, policy: str, prompt: list[int], n: int, max_new: int
+    ) -> GenerationResponse:
         if self.ahead is None:
             oldest = self.gate.min_version(policy) if self.gate is not None else 0
             return await self._request(policy, prompt, n, max_new, min_version=oldest)
@@ -323,7 +347,7 @@ class WorkflowRunner:
             self.ahead.answered(policy, n)
 
     async def _request(
-        self, policy: str, prompt: str, n: int, max_new: int, *, min_version: int
+        self, policy: str, prompt: list[int], n: int, max_new: int, *, min_version: int
     ) -> GenerationResponse:
         """One request, retried on timeout under a fresh id."""
         temperature = self.rt.config.spec.algorithm.temperature
@@ -333,7 +357,7 @@ class WorkflowRunner:
                 id=rid,
                 episode_id=rid,
                 policy=policy,
-                prompt=prompt,
+                prompt_tokens=prompt,
                 n=n,
                 max_new_tokens=max_new,
                 temperature=temperature,
@@ -348,9 +372,15 @@ class WorkflowRunner:
                     request.model_dump_json().encode(),
                     headers={"Nats-Msg-Id": rid},
                 )
-                return await asyncio.wait_for(future, timeout=self.request_timeout)
+                response = await asyncio.wait_for(future, timeout=self.request_timeout)
             except TimeoutError:
                 log.info("request %s to %s timed out; retrying", rid, policy)
+            else:
+                if response.error is not None:
+                    raise GenerationRefused(
+                        f"policy {policy!r} refused a request: {response.error}"
+                    )
+                return response
             finally:
                 self.waiting.pop(rid, None)
         raise GenerationTimeout(f"no answer from policy {policy!r} after {self.retries} tries")

@@ -1,0 +1,83 @@
+"""Model paths that name something other than a local directory: `hf://` and `pvc://`.
+
+* `hf://<org>/<name>[@<revision>]` is resolved through huggingface_hub's cache
+  (`snapshot_download`): with `HF_HUB_OFFLINE=1` only what the cache holds is used (a missing
+  model is an error naming the repository and the cache), otherwise a missing snapshot is
+  downloaded into the cache first. The revision is a branch, a tag or a commit (default
+  `main`). `HF_HUB_CACHE` / `HF_HOME` say where the cache is, as for every Hugging Face tool.
+* `pvc://<claim>/<path>` names a path inside a PersistentVolumeClaim. Under the operator the
+  trainer's pods mount each such claim read-only at `/mnt/polyrl/pvc/<claim>`
+  (`polyrl.api.launch.PVC_ROOT`), and the path resolves below it; the root can be moved with
+  `POLYRL_PVC_ROOT` (what `polyrl run` does not set: on one machine, give a local path).
+
+Only the trainer resolves these: rollout workers get the model from the job's Object Store.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from polyrl.api.launch import PVC_ROOT, PVC_ROOT_ENV
+from polyrl.api.resources import pvc_parts
+
+HF_SCHEME = "hf://"
+PVC_SCHEME = "pvc://"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def parse_hf(uri: str) -> tuple[str, str | None]:
+    """`hf://org/name@rev` -> ("org/name", "rev"); ValueError when it is not of that form."""
+    body = uri.removeprefix(HF_SCHEME)
+    repo, _, revision = body.partition("@")
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(parts) or ".." in parts:
+        raise ValueError(f"model {uri!r}: expected hf://<org>/<name>[@<revision>]")
+    return repo, revision or None
+
+
+def offline() -> bool:
+    """Whether Hugging Face's offline mode is on, read now (not at import time)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def resolve_hf(uri: str, *, cache_dir: Path | None = None) -> Path:
+    """The local snapshot directory of an `hf://` model (see the module docstring)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    repo, revision = parse_hf(uri)
+    try:
+        path = snapshot_download(
+            repo, revision=revision, cache_dir=cache_dir, local_files_only=offline()
+        )
+    except LocalEntryNotFoundError:
+        where = cache_dir or os.environ.get("HF_HUB_CACHE") or "the Hugging Face cache"
+        raise ValueError(
+            f"model {uri!r} is not in {where} and HF_HUB_OFFLINE is set: download it first "
+            f"(`hf download {repo}`) or unset HF_HUB_OFFLINE"
+        ) from None
+    except (HFValidationError, OSError) as err:
+        raise ValueError(f"model {uri!r}: {err}") from None
+    return Path(path)
+
+
+def resolve_pvc(uri: str) -> Path:
+    """The mounted path of a `pvc://claim/path` model (see the module docstring)."""
+    claim, sub = pvc_parts(uri)
+    root = Path(os.environ.get(PVC_ROOT_ENV, PVC_ROOT)) / claim
+    if not root.is_dir():
+        raise ValueError(
+            f"model {uri!r}: claim {claim!r} is not mounted at {root}; pvc:// models work "
+            "under the operator (which mounts the claim); on one machine give a local path"
+        )
+    return root / sub
+
+
+def resolve(path: str, *, cache_dir: Path | None = None) -> str:
+    """`path` as a local directory where it is an `hf://` or `pvc://` URI; else unchanged."""
+    if path.startswith(HF_SCHEME):
+        return str(resolve_hf(path, cache_dir=cache_dir))
+    if path.startswith(PVC_SCHEME):
+        return str(resolve_pvc(path))
+    return path
