@@ -19,6 +19,7 @@ CHART = "test_the_charts_readme_installs_with_helm_and_with_the_kustomization"
 BY_HAND = "test_the_readmes_hand_started_cluster_commands_run_as_written"
 LEARNING = "test_the_quickstart_solver_learns_from_rewards_and_the_verifier_improves"
 THREE = "test_the_three_policy_example_warms_up_and_evaluates_every_policy"
+MATH_DATASET = "test_the_math_dataset_example_runs_from_files_to_synced_weights"
 TWO_TOKENIZERS = "test_two_policies_with_different_tokenizers_and_chat_templates_train_together"
 
 BY_SECTION = {
@@ -40,6 +41,8 @@ BY_COMMAND = {
     "kubectl apply -f examples/quickstart.yaml": CLUSTER_PATH,  # the same line in NOTES.txt
     "polyrl run examples/three-policies.yaml --run-dir runs/three": THREE,
     "polyrl run examples/two-tokenizers.yaml --run-dir runs/two": TWO_TOKENIZERS,
+    "python examples/math_dataset.py --out data/math": MATH_DATASET,
+    "polyrl run examples/math-dataset.yaml --run-dir runs/math": MATH_DATASET,
 }
 
 

@@ -324,13 +324,16 @@ class PolicySpec(ApiModel):
 
 
 class TaskSpec(ApiModel):
-    """The task episodes sample from: a built-in generator or `module:function`."""
+    """The task episodes sample from: a built-in generator, a data file or `module:function`."""
 
     name: str = Field(
-        "arithmetic", min_length=1, description="`arithmetic`, `countdown`, or `module:function`."
+        "arithmetic",
+        min_length=1,
+        description="`arithmetic`, `countdown`, `dataset` (a data file: docs/datasets.md) or `module:function`.",
     )
     params: dict[str, int | float | str | bool] = Field(
-        default_factory=dict, description="Task parameters, e.g. {digits: 2}."
+        default_factory=dict,
+        description="Task parameters, e.g. {digits: 2}; a dataset's path, format, promptKey, answerKey, heldOutPath, heldOutFraction, reward, rewardStyle, rewardTimeout.",
     )
     held_out: int = Field(1000, ge=0, description="Size of the fixed held-out split.")
     seed: int = Field(0, description="Seed of the task generator.")

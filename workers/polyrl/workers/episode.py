@@ -49,6 +49,8 @@ class Episode:
     """Policies asked for as many samples as their trainers can take within maxStaleness
     (async mode, `ahead`): asking them now holds the episode until their trainers catch up."""
     rewards: dict[str, list[float]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    """Why samples were not emitted (`drop`): the runner counts and logs them."""
 
     def available(self, policy: str) -> bool:
         """Whether asking `policy` now is useful: its trainer has weights out, is not done and
@@ -83,6 +85,10 @@ class Episode:
         """Send completion `index` of `response` with its reward to `policy`'s trainer."""
         self.rewards.setdefault(policy, []).append(reward)
         await self._emit(policy, f"{self.id}/{group}", response, index, reward)
+
+    def drop(self, reason: str) -> None:
+        """A sample left out because it could not be scored (its reward function failed)."""
+        self.dropped.append(reason)
 
     async def settle(self) -> None:
         """The samples emitted so far are whole groups: send them now, not at the episode's end.

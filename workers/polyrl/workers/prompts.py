@@ -68,6 +68,15 @@ def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def ids_for(tokenizer: Any, prompt: str | Sequence[Message]) -> list[int]:
+    """A task prompt's ids as the trainer's warm-up and evaluation encode it: chat messages
+    through the template, text as `tokenizer(text)` (a chat-format policy's tokenizer is a
+    `PromptTokenizer`, which templates that too)."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"])
+    return chat_ids(tokenizer, prompt)
+
+
 @dataclass(frozen=True)
 class PolicyPrompts:
     """How one policy's prompts become ids: its tokenizer, prompt format and length limits."""

@@ -22,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polyrl.workers.prompts import ids_for
 from polyrl.workers.tasks import base
 
 IGNORE = -100  # the label transformers' causal-LM loss skips
@@ -173,7 +174,7 @@ def teacher_forcing_batch(
     """Right-padded input ids, attention mask and labels that score only answer + EOS."""
     rows: list[tuple[list[int], list[int]]] = []
     for problem in problems:
-        prompt = tokenizer(problem.prompt)["input_ids"]
+        prompt = ids_for(tokenizer, problem.request)
         answer = [*tokenizer(problem.answer, add_special_tokens=False)["input_ids"]]
         answer.append(tokenizer.eos_token_id)
         rows.append((prompt + answer, [IGNORE] * len(prompt) + answer))
@@ -211,7 +212,7 @@ def greedy_accuracy(
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
         completions = greedy_completions(
-            model, tokenizer, [p.prompt for p in chunk], max_new_tokens
+            model, tokenizer, [p.request for p in chunk], max_new_tokens
         )
         total += sum(reward(p, text) for p, text in zip(chunk, completions, strict=True))
     return total / len(problems)
@@ -220,11 +221,12 @@ def greedy_accuracy(
 def greedy_completions(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
+    prompts: Sequence[str | Sequence[Mapping[str, str]]],
     max_new_tokens: int,
 ) -> list[str]:
-    """Greedy continuations of `prompts`, each cut before its first EOS."""
-    encoded = [tokenizer(prompt)["input_ids"] for prompt in prompts]
+    """Greedy continuations of `prompts` (text, or chat messages), each cut before its first
+    EOS."""
+    encoded = [ids_for(tokenizer, prompt) for prompt in prompts]
     width = max(len(ids) for ids in encoded)
     pad = tokenizer.pad_token_id
     # Left padding puts every prompt's last token in the same column, where generation starts.

@@ -78,6 +78,7 @@ class WorkflowRunner:
         self.episodes = 0
         self.failed = 0
         self.dropped_prompts = 0  # episodes whose prompt a policy could not take
+        self.dropped_samples = 0  # samples whose reward failed (`Episode.drop`)
         self.tokenizers = Tokenizers(rt)
         self.recent: dict[str, list[float]] = {}
         self.finished: set[str] = set()  # policies whose trainers are done
@@ -300,6 +301,9 @@ class WorkflowRunner:
         )
 
     def _record(self, episode: Episode) -> None:
+        for reason in episode.dropped:
+            log.warning("sample dropped: %s", reason)
+        self.dropped_samples += len(episode.dropped)
         if isinstance(self.workflow, Reports):
             self._write_metrics(self.workflow.report())
         for policy, rewards in episode.rewards.items():
@@ -310,6 +314,7 @@ class WorkflowRunner:
         self.rt.figures = {
             "requests_served": self.episodes,
             "dropped_prompts": self.dropped_prompts,
+            "dropped_samples": self.dropped_samples,
             "reward": sum(means) / len(means) if means else None,
         }
         elapsed = time.monotonic() - self.started

@@ -18,8 +18,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import importlib
 import random
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, cast, runtime_checkable
 
 # Tokens a decoded completion may still carry when special tokens were not skipped.
 _END_MARKERS = ("</s>", "<pad>")
@@ -33,6 +35,16 @@ class Problem:
     prompt: str
     answer: str
     id: str
+    messages: tuple[Mapping[str, str], ...] | None = None
+    """A chat prompt (a dataset row's messages): sent as messages, through the policy's chat
+    template; `prompt` then holds the last user message's text, for logs."""
+    meta: Mapping[str, Any] | None = None
+    """The row's other columns (data_source, extra_info, ...), for reward functions."""
+
+    @property
+    def request(self) -> str | list[Mapping[str, str]]:
+        """What to ask a policy with: the messages where there are some, else the text."""
+        return list(self.messages) if self.messages else self.prompt
 
 
 @runtime_checkable
@@ -153,3 +165,23 @@ def near_miss(problem: Problem, rng: random.Random, *, at: int = -1) -> str:
     else:
         replacement = "0" if old != "0" else "1"
     return answer[:at] + replacement + answer[at + 1 :]
+
+
+def entry_point(name: str, *, what: str, builtins: Sequence[str]) -> Callable[..., Any]:
+    """The callable a `module:function` names; ValueError naming `what` and the cause."""
+    module_name, colon, attribute = name.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(
+            f"unknown {what} {name!r}: use one of {sorted(builtins)} or a `module:function` "
+            "entry point"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"{what} {name!r}: cannot import {module_name!r}: {error}") from None
+    found: Any = getattr(module, attribute, None)
+    if not callable(found):
+        raise ValueError(
+            f"{what} entry point {name!r}: {module_name} has no callable {attribute!r}"
+        )
+    return cast(Callable[..., Any], found)

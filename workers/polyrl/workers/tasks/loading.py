@@ -11,17 +11,17 @@ offending entry, rather than as an AttributeError deep inside a runner.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 from polyrl.api.resources import TaskSpec
-from polyrl.workers.tasks import arithmetic, base, countdown
+from polyrl.workers.tasks import arithmetic, base, countdown, dataset
 
 TaskFactory = Callable[..., Any]
 BUILT_IN: dict[str, TaskFactory] = {
     arithmetic.NAME: arithmetic.make,
     countdown.NAME: countdown.make,
+    dataset.NAME: dataset.make,
 }
 
 
@@ -38,16 +38,4 @@ def load_task(spec: TaskSpec) -> base.Task:
 
 
 def _entry_point(name: str) -> TaskFactory:
-    module_name, colon, attribute = name.partition(":")
-    if not colon or not module_name or not attribute:
-        raise ValueError(
-            f"unknown task {name!r}: use one of {sorted(BUILT_IN)} or a `module:function` entry point"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"task entry point {name!r}: cannot import {module_name!r}") from error
-    factory: object = getattr(module, attribute, None)
-    if not callable(factory):
-        raise ValueError(f"task entry point {name!r}: {module_name} has no callable {attribute!r}")
-    return factory
+    return base.entry_point(name, what="task", builtins=list(BUILT_IN))

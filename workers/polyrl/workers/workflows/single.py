@@ -1,6 +1,7 @@
 """The single workflow: one policy answers a group of samples of one problem.
 
-Each sample is rewarded by the task's check. The policy warms up on the task's answers and
+Each sample is rewarded by the task's check; a sample whose reward fails (a user's function
+raised, timed out or returned no number) is dropped and counted, the rest of the group goes. The policy warms up on the task's answers and
 is scored by greedy accuracy on the task's held-out split.
 """
 
@@ -10,6 +11,7 @@ from polyrl.api.resources import RLJobSpec
 from polyrl.workers.episode import Episode
 from polyrl.workers.roles import PolicyRole, TaskAccuracy
 from polyrl.workers.tasks import base
+from polyrl.workers.tasks.rewards import RewardFailed
 
 
 class Single:
@@ -23,7 +25,11 @@ class Single:
     async def run(self, episode: Episode) -> None:
         policy = episode.spec.policies[0].name
         problem = episode.task.sample(episode.rng)
-        response = await episode.generate(policy, problem.prompt, episode.group_size)
+        response = await episode.generate(policy, problem.request, episode.group_size)
         for i in range(len(response.completions)):
-            reward = episode.task.reward(problem, episode.text(response, i))
+            try:
+                reward = episode.task.reward(problem, episode.text(response, i))
+            except RewardFailed as err:  # a user's reward: that sample only
+                episode.drop(str(err))
+                continue
             await episode.emit(policy, "answer", response, i, reward)
