@@ -23,7 +23,7 @@ COPY --from=build /wheels /wheels
 # The base package only: its dependencies are pydantic, kopf, kubernetes, nats-py, ...
 RUN pip install /wheels/polyrl-*.whl && rm -rf /wheels
 # Fail the build if anything pulled in a training dependency after all.
-RUN python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ('torch', 'transformers')))"
+RUN python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ('torch', 'transformers', 'datasets', 'math_verify')))"
 RUN groupadd --gid 65532 polyrl \
     && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin polyrl
 # Numeric, so that the kubelet can verify runAsNonRoot without reading /etc/passwd.

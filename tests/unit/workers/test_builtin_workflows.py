@@ -14,6 +14,7 @@ import pytest
 from polyrl.api.resources import RLJobSpec
 from polyrl.api.wire import Completion, GenerationResponse
 from polyrl.workers.tasks.loading import load_task
+from polyrl.workers.tasks.rewards import RewardFailed
 from polyrl.workers.workflows import Episode
 from polyrl.workers.workflows.solver_verifier import SolverVerifier
 
@@ -117,3 +118,30 @@ async def test_a_warming_solver_is_still_asked_since_an_episode_cannot_go_withou
     made, asked, _ = episode(frozenset(), warming=frozenset({"solver"}))
     await SolverVerifier().run(made)
     assert asked == ["solver", "verifier", "verifier"]
+
+
+class FailingOnThree:
+    """The arithmetic task with a reward that fails on the answer "3", as a user's might."""
+
+    def __init__(self, task: Any) -> None:
+        self.task, self.name = task, task.name
+
+    def sample(self, rng: random.Random) -> Any:
+        return self.task.sample(rng)
+
+    def held_out(self) -> list[Any]:
+        return list(self.task.held_out())
+
+    def reward(self, problem: Any, completion: str) -> float:
+        if completion == "3":
+            raise RewardFailed("reward f on problem p: raised KeyError('x')")
+        return 1.0 if completion == "1" else 0.0
+
+
+async def test_a_failed_reward_drops_that_answer_only_and_says_why() -> None:
+    made, asked, sent = episode(frozenset())
+    made.task = FailingOnThree(made.task)
+    await SolverVerifier().run(made)
+    assert [r for p, r in sent if p == "solver"] == [1.0, 0.0, 0.0]  # "3" left out
+    assert made.dropped == ["reward f on problem p: raised KeyError('x')"]
+    assert asked == ["solver", "verifier", "verifier"]  # a right and a wrong one still judged

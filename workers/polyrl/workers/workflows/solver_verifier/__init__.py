@@ -24,6 +24,7 @@ from polyrl.api.resources import RLJobSpec
 from polyrl.workers.episode import Episode
 from polyrl.workers.roles import PolicyRole
 from polyrl.workers.tasks import base
+from polyrl.workers.tasks.rewards import RewardFailed
 from polyrl.workers.workflows.solver_verifier import evaluation, verdicts
 from polyrl.workers.workflows.solver_verifier.judging import JudgedAccuracy
 
@@ -56,16 +57,23 @@ class SolverVerifier:
     async def run(self, episode: Episode) -> None:
         solver, verifier = (p.name for p in episode.spec.policies[:2])
         problem = episode.task.sample(episode.rng)
-        answers = await episode.generate(solver, problem.prompt, episode.group_size)
-        correct = []
+        answers = await episode.generate(solver, problem.request, episode.group_size)
+        correct: dict[int, bool] = {}
         for i in range(len(answers.completions)):
-            right = episode.task.reward(problem, episode.text(answers, i)) > 0.5
-            correct.append(right)
+            try:
+                right = episode.task.reward(problem, episode.text(answers, i)) > 0.5
+            except (
+                RewardFailed
+            ) as err:  # a user's reward: that answer is neither emitted nor judged
+                episode.drop(str(err))
+                continue
+            correct[i] = right
             await episode.emit(solver, "answer", answers, i, 1.0 if right else 0.0)
         await episode.settle()  # the answers go out now, not after the verdicts
         if not episode.available(verifier):
             return  # its trainer is done (its verdicts would be wasted) or still warming up
-        judged = balanced_pick(correct, episode.rng)
+        scored = sorted(correct)  # the answers with a reward (all, unless a reward failed)
+        judged = [scored[k] for k in balanced_pick([correct[i] for i in scored], episode.rng)]
         budget = verdicts.verifier_max_new_tokens(episode.spec.algorithm.max_new_tokens)
         prompts = [verdicts.verify_prompt(problem, episode.text(answers, i)) for i in judged]
         responses = await asyncio.gather(
