@@ -40,7 +40,7 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import Mode, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import bundle, grpo, preflight, prompts, ranks, roles, warmstart
+from polyrl.workers import bundle, grpo, preflight, prompts, ranks, retention, roles, warmstart
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
@@ -212,13 +212,21 @@ class Leader:
             await self.publishing
         version = self.trainer.state.version + 1
         self.trainer.state.version = version
-        self.publishing = asyncio.create_task(
-            self.publisher.publish(self.trainer.bf16(), version=version, final=final)
-        )
+        self.publishing = asyncio.create_task(self._publish(version, final=final))
         # Said at once, not at the next periodic heartbeat: the workflow runner asks for the
         # samples of later batches at this version (`ahead`), which rollouts serve once it lands.
         self.rt.figures["weight_version"] = version
         await self.rt.beat()
+
+    async def _publish(self, version: int, *, final: bool) -> None:
+        """Publish `version`, then prune the bucket (`retention`): nothing a live replica or a
+        new one needs goes, and the bucket stays bounded however long the job runs."""
+        await self.publisher.publish(self.trainer.bf16(), version=version, final=final)
+        try:
+            live = await retention.live_versions(self.rt.kv, self.policy.name)
+            await retention.prune(self.publisher, live)
+        except Exception as err:  # a prune is retried after the next version; never fatal
+            log.warning("pruning the weights bucket failed (retried next version): %s", err)
 
     def record(self, stats: dict[str, float], *, dropped: int, seconds: float) -> None:
         state = self.trainer.state

@@ -1,0 +1,88 @@
+"""Weight retention over a real nats-server: the trainer's pruning after each publication keeps
+the weights bucket bounded for 300 versions, and a replica away for 100 versions catches up.
+
+The trainer side is the real publisher and `retention` (what `trainer.Leader` runs after each
+publication); a live replica heartbeats its version into the job's KV bucket as a rollout
+worker does; a second replica stops heartbeating at version 10 and comes back at 110."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import nats
+import pytest
+from nats.js.api import KeyValueConfig, ObjectStoreConfig
+from nats.js.kv import KeyValue
+from tests.integration.workers.test_weight_sync import identical, trainer_versions
+
+from polyrl.api import natsconfig
+from polyrl.api.messages import Heartbeat
+from polyrl.api.naming import JobNames
+from polyrl.local.natsserver import NatsServer
+from polyrl.workers import retention
+from polyrl.workers.deltas import chain
+from polyrl.workers.deltas.publish import WeightPublisher
+from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.deltas.sync import WeightSync
+
+pytestmark = pytest.mark.slow
+
+POLICY, VERSIONS, EVERY, AWAY = "solver", 301, 20, (10, 110)
+
+
+async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_catches_up(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    names = JobNames(namespace="test", job=f"keep-{uuid.uuid4().hex[:8]}")
+    weights = [
+        c for c in natsconfig.streams(names, [POLICY]) if c.name == names.weights_stream(POLICY)
+    ]
+    await js.add_stream(weights[0])
+    bucket = names.weights_bucket(POLICY)
+    await js.create_object_store(bucket, config=ObjectStoreConfig(bucket=bucket))
+    kv = await js.create_key_value(KeyValueConfig(bucket=names.heartbeats_bucket))
+    store = await WeightStore.open(js, bucket, chunk_bytes=4096)
+    versions = trainer_versions(VERSIONS, changed=0.05)
+    publisher = WeightPublisher(store, names, POLICY, keyframe_every=EVERY)
+    live, away = WeightSync(store), WeightSync(store)
+    most = 0
+    try:
+        for version, state in enumerate(versions):
+            await publisher.publish(state)
+            await live.to(version)
+            await beat(kv, "live-0", version)
+            if version <= AWAY[0]:
+                await away.to(version)
+                await beat(kv, "away-0", version)
+            elif version == AWAY[0] + 1:
+                await kv.delete(JobNames.heartbeat_key(POLICY, "rollout", "away-0"))
+            await retention.prune(publisher, await retention.live_versions(kv, POLICY))
+            held = [chain.parse(n, s) for n, s in (await store.sizes()).items()]
+            keyframes = sorted(o.version for o in held if o is not None and o.is_keyframe)
+            assert len(keyframes) <= 2, (version, keyframes)
+            oldest = keyframes[0]
+            assert all(o is not None and o.version >= oldest for o in held), version
+            most = max(most, len(held))
+            if version == AWAY[1]:
+                report = await away.to(version)  # back after 100 versions
+                assert report.applied[0] == chain.keyframe_name(version - version % EVERY)
+                assert identical(away.state, versions[version])
+        assert identical(live.state, versions[-1])
+        # Two keyframes, the deltas from the older to the latest, one in flight: 2 + 2*20 + 1.
+        assert most <= 2 + 2 * EVERY + 1, most
+    finally:
+        await store.close()
+        await natsconfig.remove(js, names, [POLICY])
+        await nc.close()
+
+
+async def beat(kv: KeyValue, pod: str, version: int) -> None:
+    heartbeat = Heartbeat(
+        pod=pod, role="rollout", policy=POLICY, weight_version=version, at=time.time()
+    )
+    await kv.put(
+        JobNames.heartbeat_key(POLICY, "rollout", pod), heartbeat.model_dump_json().encode()
+    )
