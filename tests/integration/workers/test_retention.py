@@ -12,9 +12,9 @@ import uuid
 
 import nats
 import pytest
-from nats.js.api import KeyValueConfig, ObjectStoreConfig
+from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
-from tests.integration.workers.test_weight_sync import identical, trainer_versions
+from tests.integration.workers.test_weight_sync import identical, trainer_versions, weights_only
 
 from polyrl.api import natsconfig
 from polyrl.api.messages import Heartbeat
@@ -23,7 +23,6 @@ from polyrl.local.natsserver import NatsServer
 from polyrl.workers import retention
 from polyrl.workers.deltas import chain
 from polyrl.workers.deltas.publish import WeightPublisher
-from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.deltas.sync import WeightSync
 
 pytestmark = pytest.mark.slow
@@ -37,14 +36,8 @@ async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     names = JobNames(namespace="test", job=f"keep-{uuid.uuid4().hex[:8]}")
-    weights = [
-        c for c in natsconfig.streams(names, [POLICY]) if c.name == names.weights_stream(POLICY)
-    ]
-    await js.add_stream(weights[0])
-    bucket = names.weights_bucket(POLICY)
-    await js.create_object_store(bucket, config=ObjectStoreConfig(bucket=bucket))
     kv = await js.create_key_value(KeyValueConfig(bucket=names.heartbeats_bucket))
-    store = await WeightStore.open(js, bucket, chunk_bytes=4096)
+    store = await weights_only(js, names)
     versions = trainer_versions(VERSIONS, changed=0.05)
     publisher = WeightPublisher(store, names, POLICY, keyframe_every=EVERY)
     live, away = WeightSync(store), WeightSync(store)

@@ -14,6 +14,7 @@ import nats
 import pytest
 import torch
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig
 
 from polyrl.api import natsconfig
@@ -72,21 +73,25 @@ class Job:
         return WeightSync(self.store, state=clone(self.versions[version]), version=version, epoch=0)
 
 
-@pytest.fixture
-async def job(nats_server: NatsServer) -> AsyncIterator[Job]:
-    """Versions 0..12 published with a keyframe every 5, into a fresh job's bucket."""
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    names = JobNames(namespace="test", job=f"sync-{uuid.uuid4().hex[:8]}")
-    # Only the weights stream and bucket of the job (`ensure` would reserve the trajectories'
-    # 8 GiB of the test server's store for every test).
+async def weights_only(js: JetStreamContext, names: JobNames) -> WeightStore:
+    """Only the weights stream and bucket of the job (`ensure` would reserve the
+    trajectories' 8 GiB of the test server's store for every test), and the bucket's store."""
     weights = [
         c for c in natsconfig.streams(names, [POLICY]) if c.name == names.weights_stream(POLICY)
     ]
     await js.add_stream(weights[0])
     bucket = names.weights_bucket(POLICY)
     await js.create_object_store(bucket, config=ObjectStoreConfig(bucket=bucket))
-    store = await WeightStore.open(js, bucket, chunk_bytes=4096)
+    return await WeightStore.open(js, bucket, chunk_bytes=4096)
+
+
+@pytest.fixture
+async def job(nats_server: NatsServer) -> AsyncIterator[Job]:
+    """Versions 0..12 published with a keyframe every 5, into a fresh job's bucket."""
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    names = JobNames(namespace="test", job=f"sync-{uuid.uuid4().hex[:8]}")
+    store = await weights_only(js, names)
     try:
         versions = trainer_versions(LATEST + 1)
         publisher = WeightPublisher(store, names, POLICY, keyframe_every=5)

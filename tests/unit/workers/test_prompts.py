@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from polyrl.api.resources import PromptFormat
+from polyrl.api.model_source import PromptFormat
 from polyrl.api.wire import Trajectory
 from polyrl.workers import learner, prompts
 from polyrl.workers import tokenizer as char_tokenizer

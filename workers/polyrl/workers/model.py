@@ -43,7 +43,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from polyrl.api.resources import ModelSource, PromptFormat
+from polyrl.api.model_source import PromptFormat
+from polyrl.api.resources import ModelSource
 from polyrl.workers import sources, tinybpe
 from polyrl.workers import tokenizer as char_tokenizer
 

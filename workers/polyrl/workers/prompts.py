@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from polyrl.api.resources import PromptFormat
+from polyrl.api.model_source import PromptFormat
 from polyrl.workers.episode import Prompt
 
 Message = Mapping[str, str]

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from polyrl.api.launch import PVC_ROOT, PVC_ROOT_ENV
-from polyrl.api.resources import pvc_parts
+from polyrl.api.model_source import pvc_parts
 
 HF_SCHEME = "hf://"
 PVC_SCHEME = "pvc://"

@@ -1,0 +1,56 @@
+"""A policy's model: where its weights and tokenizer come from, and how prompts meet them.
+
+Apart from `resources` because the paths and prompt format have rules of their own (the
+`pvc://` form, checked here and in `plan`'s claim mounts) and `resources` is long enough.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from polyrl.api.base import ApiModel
+
+
+def pvc_parts(uri: str) -> tuple[str, str]:
+    """`pvc://claim/a/b` -> ("claim", "a/b"); ValueError unless a claim and a path are named."""
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    if not claim or not path or ".." in path.split("/") or path.startswith("/"):
+        raise ValueError(f"model {uri!r}: expected pvc://<claim>/<path inside the claim>")
+    return claim, path
+
+
+class PromptFormat(enum.StrEnum):
+    """How a task's text prompts are shown to a policy's model."""
+
+    TEXT = "text"  # as they are, with the tokenizer's own special tokens (a Llama BOS)
+    CHAT = "chat"  # as one user message through the tokenizer's chat template
+
+
+class ModelSource(ApiModel):
+    """Where the trainer reads the initial weights; rollout workers get them from NATS."""
+
+    path: str = Field(
+        min_length=1,
+        description="A local Hugging Face directory, `hf://<org>/<name>[@<revision>]` (through huggingface_hub's cache; HF_HUB_OFFLINE honoured), `pvc://<claim>/<path>` (the claim is mounted in the trainer's pods), `tiny-bpe://<llama|qwen2|qwen3>/<name>` (a tiny model with a BPE tokenizer, built locally) or `tiny-llama://<name>` (the quick start's character-tokenizer model).",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16",
+        description="Weight dtype rollouts serve and weight sync carries; the trainer trains in float32.",
+    )
+    tokenizer: str | None = Field(
+        None, description="Tokenizer location when it differs from `path`."
+    )
+    prompt_format: PromptFormat = Field(
+        PromptFormat.TEXT,
+        description="text: task prompts are encoded as they are; chat: as one user message through the tokenizer's chat template, with the generation prompt (warm-up, evaluation and RL alike). Chat messages a workflow sends always go through the template.",
+    )
+
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _pvc_names_a_claim_and_a_path(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith("pvc://"):
+            pvc_parts(value)
+        return value
