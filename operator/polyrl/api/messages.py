@@ -44,6 +44,15 @@ class Heartbeat(ApiModel):
     step: int = Field(0, ge=0, description="Trainer step.")
     requests_served: int = Field(0, ge=0, description="Generation requests answered so far.")
     in_flight: int = Field(0, ge=0, description="Requests being generated now.")
+    dropped_prompts: int = Field(
+        0,
+        ge=0,
+        description="Workflow runner: episodes dropped because a policy could not take their "
+        "prompt (longer than its limit, or refused by its rollout worker).",
+    )
+    dropped_samples: int = Field(
+        0, ge=0, description="Workflow runner: samples dropped because their reward failed."
+    )
     tokens_per_second: float = Field(0.0, ge=0, description="Recent generation throughput.")
     reward: float | None = Field(None, description="Recent mean reward (trainer).")
     held_out: float | None = Field(

@@ -454,12 +454,18 @@ async def test_prompts_a_policy_cannot_take_drop_their_episodes_counted_and_the_
     try:
         got = await collect(nc, names, "solver", 6)
         for _ in range(600):
-            if runner.dropped_prompts >= 2:
+            if runner.dropped_prompts >= 2 and runner.episodes >= 1:
                 break
             await asyncio.sleep(0.1)
+        await runner.rt.beat()  # the counts reach the runner's heartbeat
+        entry = await nc.jetstream().key_value(names.heartbeats_bucket)
+        beat = Heartbeat.model_validate_json(
+            (await entry.get(JobNames.heartbeat_key(None, "workflow", "workflow-0"))).value or b""
+        )
     finally:
         await stop_workers(runtimes, tasks)
         await nc.close()
+    assert beat.dropped_prompts >= 2
     assert all(len(t.prompt_tokens) == 5 for t in got)  # only the short prompt got through
     assert runner.dropped_prompts >= 2
     assert runner.failed == 0
