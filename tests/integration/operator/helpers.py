@@ -65,11 +65,23 @@ def get(kubectl: Kubectl, ns: str, kind: str, name: str) -> dict[str, Any]:
     return result
 
 
+def find(kubectl: Kubectl, ns: str, kind: str, name: str) -> dict[str, Any] | None:
+    """The object, or None while it does not exist yet (the operator creates it a moment
+    after its owner): for probes that wait on an object's status."""
+    proc = kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    if proc.returncode != 0:
+        if "NotFound" in proc.stderr:
+            return None
+        raise AssertionError(f"kubectl get {kind} {name} failed: {proc.stderr.strip()}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
 def wait_condition(
     kubectl: Kubectl, ns: str, kind: str, name: str, kind_: str, reason: str, timeout: float = 30
 ) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
-        obj = get(kubectl, ns, kind, name)
+        obj = find(kubectl, ns, kind, name) or {}
         for cond in obj.get("status", {}).get("conditions") or []:
             if cond["type"] == kind_ and cond["reason"] == reason:
                 return obj

@@ -18,7 +18,7 @@ from tests.operator_stack import REAL_WORKERS, OperatorProcess, restricted_names
 
 from polyrl.testing.kube import Kubectl, condition, wait_for
 
-from .helpers import apply, events, get, job_doc
+from .helpers import apply, events, find, get, job_doc
 
 pytestmark = pytest.mark.slow
 
@@ -142,8 +142,8 @@ def test_a_trainer_gang_that_cannot_meet_fails_within_its_rendezvous_timeout(
     apply(kubectl, ns, doc)
 
     def said() -> dict[str, Any] | None:
-        group = get(kubectl, ns, "pg", "gang-solver")
-        cond = condition_of(group, "WorkersHealthy")
+        group = find(kubectl, ns, "pg", "gang-solver")  # None until the operator makes it
+        cond = condition_of(group or {}, "WorkersHealthy")
         return cond if cond and cond["status"] == "False" else None
 
     cond = wait_for("the gang's failure on the group", said, timeout=WITHIN)
