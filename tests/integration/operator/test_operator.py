@@ -345,7 +345,10 @@ def test_failing_rollout_pods_are_replaced_with_growing_backoff(kubectl: Kubectl
         assert pg["status"]["lastFailure"] == "rollout pod crash-solver-rollout-0 failed: exit 1"
         wait_running(kubectl, ns, rollouts, 1, timeout=30)
         delays.append(time.monotonic() - failed)
-    assert delays[2] >= 4.0  # 1, 2, then 4 s of backoff before the third replacement
+    # 1, 2, then 4 s of backoff before the third replacement. Measured from when this test saw
+    # the failure, which its polling can see up to a second late (one CI run measured 3.6 s):
+    # above 3 s still tells the third backoff from the second.
+    assert delays[2] >= 3.0
     said = [e for e in events(kubectl, ns, "crash-solver") if e["reason"] == "RolloutPodFailed"]
     assert len(said) == 1  # the same failure again is counted, not repeated
     assert said[0]["count"] == 3
