@@ -18,8 +18,6 @@ from pydantic import Field, model_validator
 
 from polyrl.api._version import DEFAULT_IMAGE
 from polyrl.api.base import ApiModel, Condition, Dns1035Name, Quantity, Resources, Toleration
-
-# Re-exported: a policy's model is part of the resources' vocabulary.
 from polyrl.api.model_source import ModelSource as ModelSource
 from polyrl.api.model_source import PromptFormat as PromptFormat
 from polyrl.api.model_source import pvc_parts as pvc_parts
