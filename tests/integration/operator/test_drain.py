@@ -27,6 +27,7 @@ from typing import Any
 import nats
 import pytest
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 from tests.operator_stack import OperatorProcess, PodLogs, explained
@@ -56,12 +57,28 @@ MAX_BATCH = 4
 def watch_deletions(
     api: client.ApiClient, ns: str, seen: dict[str, float], stop: threading.Event
 ) -> threading.Thread:
+    """Record when each pod of `ns` is deleted.
+
+    Each 2-second watch resumes from the last resource version it saw: a watch started
+    afresh would miss a deletion that fell between two of them.
+    """
+
     def follow() -> None:
         core = client.CoreV1Api(api)
+        version = core.list_namespaced_pod(ns).metadata.resource_version
         while not stop.is_set():
-            for event in watch.Watch().stream(core.list_namespaced_pod, ns, timeout_seconds=2):
-                if event["type"] == "DELETED":
-                    seen.setdefault(event["object"].metadata.name, time.time())
+            stream = watch.Watch().stream(
+                core.list_namespaced_pod, ns, resource_version=version, timeout_seconds=2
+            )
+            try:
+                for event in stream:
+                    version = event["object"].metadata.resource_version
+                    if event["type"] == "DELETED":
+                        seen.setdefault(event["object"].metadata.name, time.time())
+            except ApiException as e:  # 410 Gone: the version was compacted away; relist
+                if e.status != 410:
+                    raise
+                version = core.list_namespaced_pod(ns).metadata.resource_version
 
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
