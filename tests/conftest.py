@@ -63,6 +63,14 @@ def helm_binary() -> Path:
     return found
 
 
+VLLM_IMAGE = "ghcr.io/polyrl/worker-vllm-cpu"  # examples/vllm-cpu.yaml's policy image
+VLLM_ENV = REPO / ".venv-vllm"
+
+
+def vllm_image_args() -> tuple[str, ...]:
+    return ("--image-env", f"{VLLM_IMAGE}={VLLM_ENV}") if (VLLM_ENV / "bin").is_dir() else ()
+
+
 @pytest.fixture(scope="session")
 def cluster(k8s_tools: tools.Tools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Two agent nodes in `status` mode; a namespace labelled exec runs pod commands."""
@@ -74,8 +82,9 @@ def cluster(k8s_tools: tools.Tools, tmp_path_factory: pytest.TempPathFactory) ->
             "polyrl-node-1,topology.kubernetes.io/region=remote",
         ],
         mode="status",
-        # Short token lifetimes and quick volume re-syncs, so tests see them happen.
-        agent_args=("--token-max-age", "4", "--volume-sync", "1"),
+        # Short token lifetimes and quick volume re-syncs, so tests see them happen; pods of
+        # the vLLM worker image run in the vLLM environment, where `make install-vllm` built it.
+        agent_args=("--token-max-age", "4", "--volume-sync", "1", *vllm_image_args()),
     )
     test_cluster.start()
     _TIMINGS["control plane"] = test_cluster.control_plane.timings.summary()

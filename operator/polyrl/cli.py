@@ -22,18 +22,19 @@ EXIT_USAGE = 2
 def _run(args: argparse.Namespace) -> int:
     import time
 
-    from polyrl.local import jobfile, progress, report, runner
+    from polyrl.local import environments, jobfile, progress, report, runner
 
     try:
         job = jobfile.load(args.job)
         code_dir = args.job.resolve().parent
         jobfile.preflight(job, code_dir=code_dir)
+        vllm_env = environments.vllm_env(job, args.vllm_env)
     except jobfile.JobFileError as err:
         print(f"polyrl run: {err}", file=sys.stderr)
         return EXIT_USAGE
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{job.metadata.name}-{stamp}"
-    run = runner.LocalRun(job, run_dir, code_dir=code_dir)
+    run = runner.LocalRun(job, run_dir, code_dir=code_dir, vllm_env=vllm_env)
     policies = [p.name for p in job.spec.policies]
     runner.install_signal_handlers()
     code = 0
@@ -82,6 +83,15 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         default=None,
         help="where metrics, plot, checkpoints and logs go (default runs/<job>-<time>)",
+    )
+    p.add_argument(
+        "--vllm-env",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the virtual environment that runs rollout.engine: vllm workers (default "
+        "$POLYRL_VLLM_ENV, else .venv-vllm here or beside this polyrl's environment; "
+        "`make install-vllm` builds it)",
     )
     p.set_defaults(func=_run)
 

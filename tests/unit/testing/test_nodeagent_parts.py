@@ -8,7 +8,8 @@ import pytest
 from cryptography import x509
 
 from polyrl.testing import pki
-from polyrl.testing.nodeagent import nodes, podstatus
+from polyrl.testing.nodeagent import nodes, podstatus, runner
+from polyrl.testing.nodeagent.__main__ import image_envs
 
 
 def test_a_node_spec_parses_labels_and_capacity() -> None:
@@ -58,3 +59,36 @@ def test_generated_certificates_chain_to_the_ca_and_carry_the_right_identities(
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "localhost" in sans.get_values_for_type(x509.DNSName)
     assert made.admin.key.stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "ghcr.io/polyrl/worker-vllm-cpu",
+        "ghcr.io/polyrl/worker-vllm-cpu:0.1.0",
+        "ghcr.io/polyrl/worker-vllm-cpu@sha256:0123abcd",
+        "ghcr.io/polyrl/worker-vllm-cpu:0.1.0@sha256:0123abcd",
+    ],
+)
+def test_a_mapped_image_runs_with_its_environment_first_on_path_whatever_its_tag(
+    image: str,
+) -> None:
+    images = {"ghcr.io/polyrl/worker-vllm-cpu": "/envs/vllm"}
+    assert runner.image_path(image, images, "/usr/bin") == "/envs/vllm/bin:/usr/bin"
+
+
+@pytest.mark.parametrize(
+    "image", ["ghcr.io/polyrl/worker:0.1.0", "registry:5000/polyrl/worker-vllm-cpu", ""]
+)
+def test_other_images_keep_the_agents_path(image: str) -> None:
+    images = {"ghcr.io/polyrl/worker-vllm-cpu": "/envs/vllm"}
+    assert runner.image_path(image, images, "/usr/bin") == "/usr/bin"
+
+
+def test_an_image_env_option_needs_an_existing_environment(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    assert image_envs([f"img={tmp_path}"]) == {"img": str(tmp_path.resolve())}
+    with pytest.raises(SystemExit, match="expected IMAGE=DIR with DIR/bin present"):
+        image_envs([f"img={tmp_path / 'missing'}"])
+    with pytest.raises(SystemExit, match="expected IMAGE=DIR"):
+        image_envs(["img"])

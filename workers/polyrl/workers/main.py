@@ -72,6 +72,9 @@ async def build_rollout(
         device=device,
         max_batch_size=policy.rollout.max_batch_size,
     )
+    log.info(
+        "%s engine on %s (python environment %s)", policy.rollout.engine, engine.device, sys.prefix
+    )
     store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
     weights = EngineWeights(rt.js, rt.names, policy.name, store)
     # Version 0 is announced right after the bundle; poll NATS for it (nothing to wait on).

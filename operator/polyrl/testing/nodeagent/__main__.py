@@ -64,6 +64,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "by default pods see only PATH and what the kubelet sets)",
     )
     parser.add_argument(
+        "--image-env",
+        action="append",
+        default=[],
+        metavar="IMAGE=DIR",
+        help="run containers of IMAGE (any tag) with the Python environment DIR's bin first on "
+        "PATH: the agent has no images, so this stands in for one whose software differs "
+        "from the agent's own (the vLLM worker image; repeatable)",
+    )
+    parser.add_argument(
         "--token-max-age",
         type=float,
         default=24 * 3600.0,
@@ -90,6 +99,17 @@ def python_paths(extra: list[str]) -> tuple[str, ...]:
     return tuple(sorted({os.path.realpath(p) for p in found}))
 
 
+def image_envs(pairs: list[str]) -> dict[str, str]:
+    """`--image-env IMAGE=DIR` pairs as a mapping; DIR must be a Python environment."""
+    found = {}
+    for pair in pairs:
+        image, sep, env = pair.partition("=")
+        if not sep or not image or not (Path(env) / "bin").is_dir():
+            raise SystemExit(f"--image-env {pair!r}: expected IMAGE=DIR with DIR/bin present")
+        found[image] = os.path.realpath(env)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(
@@ -97,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="polyrl-nodeagent-"))
     api = config.new_client_from_config(config_file=str(args.kubeconfig))
+    images = image_envs(args.image_env)
     node_agent = agent.Agent(
         api,
         nodes_=args.node,
@@ -104,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         workdir=workdir,
         kube_version=args.kube_version,
         lease_interval=args.lease_interval,
-        keep=python_paths(args.keep),
+        keep=python_paths([*args.keep, *images.values()]),
         token_max_age=args.token_max_age,
         volume_sync=args.volume_sync,
         pass_env={k: os.environ[k] for k in args.pass_env if k in os.environ},
+        images=images,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -47,6 +47,7 @@ class Agent:
         token_max_age: float = 24 * 3600.0,
         volume_sync: float = 10.0,
         pass_env: Mapping[str, str] | None = None,
+        images: Mapping[str, str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -83,6 +84,7 @@ class Agent:
             token_max_age=token_max_age,
             volume_sync=volume_sync,
             pass_env=dict(pass_env or {}),
+            images=dict(images or {}),
         )
         serving = pki.self_signed(workdir / "pki", "kubelet", "polyrl-node-agent")
         self.kubelet_api = kubeletapi.KubeletApi(self._find, cert=serving.cert, key=serving.key)

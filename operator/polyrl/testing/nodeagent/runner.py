@@ -69,6 +69,19 @@ class NodeContext:
     token_max_age: float = 24 * 3600.0
     volume_sync: float = 10.0
     pass_env: Mapping[str, str] = field(default_factory=dict)
+    images: Mapping[str, str] = field(default_factory=dict)
+    """Image name (no tag) -> a Python environment whose `bin` leads a container's PATH: the
+    agent's stand-in for pulling that image (`image_path`)."""
+
+
+def image_path(image: str, images: Mapping[str, str], path: str) -> str:
+    """`path` with the bin directory of `image`'s environment first, if the agent has one for
+    it (matched by name, any tag or digest); else `path` as it is."""
+    name = image.split("@", 1)[0]
+    if ":" in name.rsplit("/", 1)[-1]:
+        name = name.rsplit(":", 1)[0]
+    env = images.get(name)
+    return path if env is None else os.pathsep.join([str(Path(env) / "bin"), path])
 
 
 def hosts_file(pod: Mapping[str, Any], ip: str, hostname: str) -> str:
@@ -213,6 +226,11 @@ class PodRunner:
             env.update(podnet.pod_env(self.pod_ip, self.node.shim))
         return env
 
+    def _container_env(self, pod: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, str]:
+        env = {**self._base_env(), **podenv.container_env(pod, spec, self.node.lookup)}
+        env["PATH"] = image_path(str(spec.get("image", "")), self.node.images, env["PATH"])
+        return env
+
     def _plan(
         self, spec: Mapping[str, Any], argv: list[str], env: dict[str, str], *, probe: bool
     ) -> dict[str, Any]:
@@ -263,7 +281,7 @@ class PodRunner:
 
     def _spawn(self, spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
         pod = {**self.pod, "status": {**self.pod.get("status", {}), "podIP": self.pod_ip}}
-        env = {**self._base_env(), **podenv.container_env(pod, spec, self.node.lookup)}
+        env = self._container_env(pod, spec)
         argv = podenv.container_argv(spec, env)
         current = self.log_file(spec["name"])
         if current.exists() and current.stat().st_size:
@@ -275,7 +293,7 @@ class PodRunner:
         """An exec probe: `command` in the container's view, succeeding on exit 0."""
         spec = self.specs[container]
         pod = {**self.pod, "status": {**self.pod.get("status", {}), "podIP": self.pod_ip}}
-        env = {**self._base_env(), **podenv.container_env(pod, spec, self.node.lookup)}
+        env = self._container_env(pod, spec)
         proc = self._launch(spec, command, env, subprocess.DEVNULL, probe=True)
         try:
             return proc.wait(timeout=timeout) == 0
