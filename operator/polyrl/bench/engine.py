@@ -1,4 +1,6 @@
-"""`polyrl bench engine`: what the torch engine's float32 arithmetic buys on CPU, in one run.
+"""`polyrl bench engine`: what the torch engine's float32 arithmetic buys on CPU, and how the
+torch and vLLM engines compare on the same batches (`engine_vllm`, where the vLLM environment
+is present), in one run.
 
 The rollout workers of the quick start hold bfloat16 weights (what the trainer sends). On a CPU
 without native bfloat16 matrix units torch emulates bfloat16 arithmetic, so the torch engine
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from polyrl.api.resources import ModelSource, TaskSpec
+from polyrl.bench import engine_vllm
 from polyrl.workers import batching, tasks
 from polyrl.workers import model as models
 from polyrl.workers.engines.base import Generation, SamplingParams
@@ -39,9 +42,23 @@ def run(*, quick: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="polyrl-bench-engine-") as cache:
-            return _measure(Path(cache), repeats)
+            figures = _measure(Path(cache), repeats)
     finally:
         torch.set_num_threads(threads)
+    python = engine_vllm.vllm_python()
+    if python is None:
+        print(
+            "engine bench: no vLLM environment (make install-vllm): torch against vLLM not "
+            "measured",
+            file=sys.stderr,
+        )
+        return figures | {"vllm_measured": False}
+    with tempfile.TemporaryDirectory(prefix="polyrl-bench-vllm-") as workdir:
+        return (
+            figures
+            | {"vllm_measured": True}
+            | engine_vllm.run(python, workdir=Path(workdir), quick=quick)
+        )
 
 
 def _measure(cache: Path, repeats: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from polyrl.bench import engine as bench
 
 
 @pytest.mark.slow
-def test_the_quick_engine_benchmark_compares_float32_and_bfloat16_arithmetic() -> None:
+def test_the_quick_engine_benchmark_compares_arithmetics_and_the_torch_and_vllm_engines() -> None:
     figures = bench.run(quick=True)
     assert figures["batch"] == bench.PROMPTS * bench.GROUP
     # Every sample writes at least its first token and at most NEW_TOKENS.
@@ -20,3 +20,12 @@ def test_the_quick_engine_benchmark_compares_float32_and_bfloat16_arithmetic() -
     assert figures["float32_vs_bfloat16"] == pytest.approx(ratio, rel=0.02)
     # The same bfloat16 weights: the two arithmetics differ only by rounding.
     assert 0 < figures["logprob_max_diff"] < 0.1
+    # The torch-against-vLLM part runs where the vLLM environment is (`make test` builds it).
+    assert figures["vllm_measured"], "no vLLM environment: run `make install-vllm`"
+    for engine in ("torch", "vllm"):
+        for key in ("import_s", "load_s", "first_token_s", "tokens_per_s"):
+            assert figures[f"{engine}_{key}"] > 0, (engine, key)
+        # Both engines compute in float32 here: their log-probs are the trainer's.
+        assert figures[f"{engine}_logprob_max_diff"] <= 1e-3, engine
+    ratio = figures["vllm_tokens_per_s"] / figures["torch_tokens_per_s"]
+    assert figures["vllm_vs_torch_tokens_per_s"] == pytest.approx(ratio, abs=0.01)

