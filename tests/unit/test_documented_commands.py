@@ -21,6 +21,7 @@ LEARNING = "test_the_quickstart_solver_learns_from_rewards_and_the_verifier_impr
 THREE = "test_the_three_policy_example_warms_up_and_evaluates_every_policy"
 MATH_DATASET = "test_the_math_dataset_example_runs_from_files_to_synced_weights"
 TWO_TOKENIZERS = "test_two_policies_with_different_tokenizers_and_chat_templates_train_together"
+VLLM_CPU = "test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment"
 
 BY_SECTION = {
     ("README.md", "On a cluster"): CLUSTER_PATH,
@@ -32,6 +33,7 @@ BY_SECTION = {
 }
 BY_COMMAND = {
     "make test": CI,
+    "make install-vllm": CI,  # `make test` depends on it
     # The learning test runs the README's quick-start commands (make test-learning).
     "make quickstart": LEARNING,  # its recipe, checked below
     ". .venv/bin/activate": LEARNING,
@@ -43,6 +45,7 @@ BY_COMMAND = {
     "polyrl run examples/two-tokenizers.yaml --run-dir runs/two": TWO_TOKENIZERS,
     "python examples/math_dataset.py --out data/math": MATH_DATASET,
     "polyrl run examples/math-dataset.yaml --run-dir runs/math": MATH_DATASET,
+    "polyrl run examples/vllm-cpu.yaml --run-dir runs/vllm-cpu": VLLM_CPU,
 }
 
 

@@ -226,7 +226,7 @@ class RolloutSpec(ApiModel):
     min_replicas: int = Field(0, ge=0, le=999, description="Lower bound for scaling.")
     max_replicas: int = Field(64, ge=0, le=999, description="Upper bound for scaling.")
     engine: Engine = Field(
-        Engine.TORCH, description="Generation engine: torch (CPU or GPU) or vllm (GPU)."
+        Engine.TORCH, description="Generation engine: torch, or vllm (own image; docs/engines.md)."
     )
     max_batch_size: int = Field(32, ge=1, le=4096, description="Sequences generated together.")
     drain_timeout_seconds: int = Field(
