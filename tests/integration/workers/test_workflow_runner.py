@@ -28,9 +28,11 @@ from polyrl.workers import bundle, main, workflows
 from polyrl.workers import model as models
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.reward_health import RewardsFailing
 from polyrl.workers.roles import FunctionWorkflow
 from polyrl.workers.runtime import Runtime
 from polyrl.workers.tasks import load_task
+from polyrl.workers.tasks.rewards import RewardFailed
 from polyrl.workers.workflow_runner import WorkflowRunner
 from polyrl.workers.workflows import Episode
 
@@ -469,3 +471,45 @@ async def test_prompts_a_policy_cannot_take_drop_their_episodes_counted_and_the_
     assert all(len(t.prompt_tokens) == 5 for t in got)  # only the short prompt got through
     assert runner.dropped_prompts >= 2
     assert runner.failed == 0
+
+
+class RewardAlwaysFails:
+    """The job's task with a user's reward that raises on every completion."""
+
+    def __init__(self, task: Any) -> None:
+        self.task, self.name = task, task.name
+
+    def sample(self, rng: Any) -> Any:
+        return self.task.sample(rng)
+
+    def held_out(self) -> list[Any]:
+        return list(self.task.held_out())
+
+    def reward(self, problem: Any, completion: str) -> float:
+        raise RewardFailed(f"reward score on problem {problem.prompt!r}: raised KeyError('answer')")
+
+
+async def test_a_reward_failing_on_every_sample_stops_the_runner_as_invalid_input(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single")
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    runtimes, tasks, runner = await start_workers(
+        nats_server.url, nc.jetstream(), names, job, tmp_path
+    )
+    runner.task = RewardAlwaysFails(runner.task)
+    runner.reward_health.limit = 12
+    try:
+        done, _ = await asyncio.wait([tasks[-1]], timeout=60)
+        assert done, "the runner went on with a reward that never works"
+        error = tasks[-1].exception()
+    finally:
+        await stop_workers(runtimes, tasks)
+        await nc.close()
+    assert isinstance(error, RewardsFailing)
+    assert "failed on the last" in str(error)
+    assert "raised KeyError('answer')" in str(error)
+    assert runner.dropped_samples >= 12
+    assert runner.reward_health.scored == 0

@@ -34,6 +34,7 @@ from polyrl.workers.episode import Episode, Prompt, nothing_held
 from polyrl.workers.held import HeldGroups, LeaveOut
 from polyrl.workers.policy_tokenizers import Tokenizers
 from polyrl.workers.prompts import PromptError
+from polyrl.workers.reward_health import RewardHealth, RewardsFailing
 from polyrl.workers.roles import Reports, Workflow
 from polyrl.workers.runtime import MetricsLog, Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
@@ -79,6 +80,8 @@ class WorkflowRunner:
         self.failed = 0
         self.dropped_prompts = 0  # episodes whose prompt a policy could not take
         self.dropped_samples = 0  # samples whose reward failed (`Episode.drop`)
+        self.reward_health = RewardHealth()
+        self.fatal: Exception | None = None  # why the runner stopped by itself
         self.tokenizers = Tokenizers(rt)
         self.recent: dict[str, list[float]] = {}
         self.finished: set[str] = set()  # policies whose trainers are done
@@ -228,6 +231,11 @@ class WorkflowRunner:
             task.cancel()
         if isinstance(self.workflow, Reports):
             self._write_metrics(self.workflow.flush())
+        self._log_stopped(pending)
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _log_stopped(self, pending: set[asyncio.Task[None]]) -> None:
         log.info(
             "stopped: %d episodes done, %d failed, %d dropped (prompt too long or refused), %d cut "
             "short; requests waited %.0f s in all for trainers to catch up",
@@ -304,6 +312,15 @@ class WorkflowRunner:
         for reason in episode.dropped:
             log.warning("sample dropped: %s", reason)
         self.dropped_samples += len(episode.dropped)
+        scored = sum(len(rewards) for rewards in episode.rewards.values())
+        self.reward_health.record(scored=scored, dropped=episode.dropped)
+        try:
+            self.reward_health.check()
+        except RewardsFailing as err:
+            if self.fatal is None:
+                log.error("stopping: %s", err)
+                self.fatal = err
+            self.rt.stopping.set()
         if isinstance(self.workflow, Reports):
             self._write_metrics(self.workflow.report())
         for policy, rewards in episode.rewards.items():
