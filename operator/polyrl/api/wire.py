@@ -9,7 +9,7 @@ so a retried publish is de-duplicated by the stream instead of doubling a sample
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -17,6 +17,8 @@ from polyrl.api.base import ApiModel
 
 # 2: requests carry prompt token ids (the workflow runner tokenises), trajectories a loss mask.
 WIRE_VERSION: Final = 2
+# Rewards and log-probs the trainer computes with: NaN or infinity would poison a whole step.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class GenerationRequest(ApiModel):
@@ -45,7 +47,7 @@ class GenerationRequest(ApiModel):
 
 class Completion(ApiModel):
     tokens: list[int] = Field(description="Generated token ids (the prompt excluded).")
-    logprobs: list[float] = Field(description="Behaviour log-prob of each generated token.")
+    logprobs: list[Finite] = Field(description="Behaviour log-prob of each generated token.")
     text: str = Field(description="Decoded completion.")
     finish_reason: Literal["stop", "length"]
 
@@ -70,13 +72,13 @@ class Trajectory(ApiModel):
     policy: str
     prompt_tokens: list[int]
     tokens: list[int] = Field(description="Completion tokens.")
-    logprobs: list[float] = Field(description="Behaviour log-probs, aligned with tokens.")
+    logprobs: list[Finite] = Field(description="Behaviour log-probs, aligned with tokens.")
     loss_mask: list[bool] | None = Field(
         None,
         description="Per completion token, whether it is trained on (False: text the policy did "
         "not write, such as a tool's output in a multi-turn episode); None: every token.",
     )
-    reward: float
+    reward: Finite
     weight_version: int = Field(ge=0, description="Weights that generated the sample.")
     created_at: float = Field(description="Unix time.")
 

@@ -17,6 +17,7 @@ import nats
 import pytest
 import torch
 from nats.aio.client import Client as NatsClient
+from tests import fuzzing
 
 from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
@@ -214,3 +215,33 @@ async def test_a_drain_request_is_acked_then_answered_with_drained(setup: Any) -
     assert message.pod == "rollout-0"
     await asyncio.wait_for(task, timeout=30)  # it stopped pulling and returned
     assert json.loads(message.model_dump_json())["served"] == worker.served
+
+
+async def test_fuzzed_requests_are_dead_lettered_exactly_when_malformed_and_serving_goes_on(
+    setup: Any,
+) -> None:
+    nc, names, _, _, worker, task = setup
+    valid = GenerationRequest(
+        id="fuzz",
+        episode_id="fuzz",
+        policy="solver",
+        prompt_tokens=CHARS("1+1=")["input_ids"],
+        n=1,
+        max_new_tokens=2,
+        reply_to=f"test.fuzz.{uuid.uuid4().hex}",
+    ).model_dump(mode="json")
+    messages = fuzzing.examples(fuzzing.mutants(valid), 400)
+    assert len(messages) >= 300
+    expected = sum(fuzzing.malformed(GenerationRequest, m) for m in messages)
+    assert expected >= len(messages) // 2  # the mutants are mostly broken, not mostly valid
+    for message in messages:
+        await nc.jetstream().publish(
+            names.requests_subject("solver"), message, headers={"Nats-Msg-Id": uuid.uuid4().hex}
+        )
+    for _ in range(600):
+        if worker.rt.dead_letters >= expected:
+            break
+        await asyncio.sleep(0.1)
+    assert worker.rt.dead_letters == expected
+    assert not task.done()
+    assert (await ask(nc, names, ["2+2="], n=1))[0].completions  # still serving
