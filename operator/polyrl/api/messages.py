@@ -53,6 +53,11 @@ class Heartbeat(ApiModel):
     dropped_samples: int = Field(
         0, ge=0, description="Workflow runner: samples dropped because their reward failed."
     )
+    dead_letters: int = Field(
+        0,
+        ge=0,
+        description="Messages this worker could not parse (kept on the dead-letter stream).",
+    )
     tokens_per_second: float = Field(0.0, ge=0, description="Recent generation throughput.")
     reward: float | None = Field(None, description="Recent mean reward (trainer).")
     held_out: float | None = Field(

@@ -21,7 +21,7 @@ from tests import fuzzing
 
 from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
-from polyrl.api.messages import DrainAck, Drained, DrainRequest, WorkerState
+from polyrl.api.messages import DrainAck, Drained, DrainRequest, Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec
 from polyrl.api.wire import DeadLetter, GenerationRequest, GenerationResponse
@@ -245,3 +245,7 @@ async def test_fuzzed_requests_are_dead_lettered_exactly_when_malformed_and_serv
     assert worker.rt.dead_letters == expected
     assert not task.done()
     assert (await ask(nc, names, ["2+2="], n=1))[0].completions  # still serving
+    await worker.rt.beat()  # the count reaches the heartbeat, where status is made from
+    kv = await nc.jetstream().key_value(names.heartbeats_bucket)
+    entry = await kv.get(JobNames.heartbeat_key("solver", "rollout", "rollout-0"))
+    assert Heartbeat.model_validate_json(entry.value or b"").dead_letters == expected

@@ -201,6 +201,7 @@ class Runtime:
             policy=self.config.policy,
             state=self.state,
             at=time.time(),
+            dead_letters=self.dead_letters,
             **self.figures,
         )
         with contextlib.suppress(Exception):  # NATS may be reconnecting; try next beat
