@@ -94,8 +94,8 @@ test-vllm: test-vllm-contract tools ## every vLLM test: the contract, then its j
 	@$(VENV)/bin/pytest -m e2e tests/e2e/test_vllm_cpu.py
 
 .PHONY: test-fuzz
-test-fuzz: install ## the message fuzz tests at 5x make test's size (5,000 mutated messages)
-	@POLYRL_FUZZ_SCALE=5 $(VENV)/bin/pytest -k fuzz tests/integration/workers
+test-fuzz: install tools ## the fuzz tests at 5x make test's size (5,000 messages, 300 manifests)
+	@POLYRL_FUZZ_SCALE=5 $(VENV)/bin/pytest -k fuzz tests/integration/workers tests/integration/operator
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)
