@@ -3,17 +3,21 @@ backoff, and the CRDs' schema hashes."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from polyrl.api import crds, naming, plan
+from polyrl.api import crds, naming, natstls, plan
 from polyrl.api.base import memory_bytes, now_rfc3339
 from polyrl.api.launch import Role
 from polyrl.api.resources import RLJob
-from polyrl.operator import metrics, podinfo, render, scaling
+from polyrl.operator import metrics, natshub, podinfo, render, scaling
+from polyrl.testing import pki
 
 JOB: dict[str, Any] = {
     "metadata": {"name": "math", "namespace": "team", "uid": "u-1"},
@@ -200,3 +204,35 @@ def test_memory_quantities_read_as_kubernetes_writes_them(quantity: Any, expecte
 def test_a_word_is_not_a_memory_quantity() -> None:
     with pytest.raises(ValueError, match="is not a memory quantity"):
         memory_bytes("lots")
+
+
+def test_every_pod_mounts_the_nats_secret_where_its_worker_reads_tls_from() -> None:
+    job = RLJob.model_validate(JOB)
+    for launch in plan.plan(job, nats_url="tls://n:4222").launches:
+        spec = render.pod(launch, namespace="team", owner={}, nats_secret="nats-creds")["spec"]
+        volume = next(v for v in spec["volumes"] if v["name"] == render.NATS_VOLUME)
+        assert volume["secret"] == {
+            "secretName": "nats-creds",
+            "optional": True,
+            "defaultMode": 0o440,
+        }
+        container = spec["containers"][0]
+        mount = {"name": render.NATS_VOLUME, "mountPath": natstls.TLS_MOUNT, "readOnly": True}
+        assert mount in container["volumeMounts"]
+        assert {"name": natstls.TLS_DIR_ENV, "value": natstls.TLS_MOUNT} in container["env"]
+        plain = render.pod(launch, namespace="team", owner={})["spec"]
+        assert all(v["name"] != render.NATS_VOLUME for v in plain["volumes"])
+
+
+def test_the_operator_reads_tls_from_the_secrets_ca_and_client_pair(tmp_path: Path) -> None:
+    made = pki.generate(tmp_path)
+    data = {
+        natstls.CA: base64.b64encode(made.ca.cert.read_bytes()).decode(),
+        natstls.CERT: base64.b64encode(made.admin.cert.read_bytes()).decode(),
+        natstls.KEY: base64.b64encode(made.admin.key.read_bytes()).decode(),
+    }
+    tls = natshub._tls(data)["tls"]
+    assert isinstance(tls, ssl.SSLContext)
+    assert tls.verify_mode == ssl.CERT_REQUIRED
+    assert tls.check_hostname
+    assert natshub._tls({"token": "dG9r"}) == {}  # no CA: no TLS options

@@ -5,7 +5,8 @@ Used by the test session (one per session), by `polyrl run` (embedded) and by ha
     python -m polyrl.local.natsserver        # runs until Ctrl-C, prints the URL
 
 `max_payload` is raised to 8 MiB so weight objects can use large chunks; the store lives in a
-temporary directory that `stop()` removes.
+temporary directory that `stop()` removes. With `tls` (PEM files) it serves TLS only, and
+with `tls.verify_clients` it also requires a client certificate signed by `tls.ca`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from polyrl.local import processes
@@ -39,12 +41,26 @@ def binary() -> Path:
     return Path(found)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    cert: Path
+    key: Path
+    ca: Path
+    verify_clients: bool = False
+
+
 class NatsServer:
     """Start with `start()`, connect to `url`, end with `stop()` (also a context manager)."""
 
     def __init__(
-        self, workdir: Path | None = None, *, port: int = 0, ready_timeout: float = 20.0
+        self,
+        workdir: Path | None = None,
+        *,
+        port: int = 0,
+        ready_timeout: float = 20.0,
+        tls: ServerTls | None = None,
     ) -> None:
+        self.tls = tls
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="polyrl-nats-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +72,7 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> NatsServer:
         self.start()
@@ -93,6 +109,15 @@ class NatsServer:
             f"max_payload: {MAX_PAYLOAD}\n"
             f"jetstream {{\n  store_dir: {str(store)!r}\n"
             "  max_memory_store: 1GB\n  max_file_store: 20GB\n}\n"
+        ) + self._tls_config()
+
+    def _tls_config(self) -> str:
+        if self.tls is None:
+            return ""
+        files = f"cert_file: {str(self.tls.cert)!r}, key_file: {str(self.tls.key)!r}"
+        return (
+            f"tls {{ {files}, ca_file: {str(self.tls.ca)!r}, "
+            f"verify: {'true' if self.tls.verify_clients else 'false'}, timeout: 2 }}\n"
         )
 
     def _wait_ready(self) -> None:

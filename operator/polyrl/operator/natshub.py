@@ -16,7 +16,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -24,7 +25,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from polyrl.api import natsconfig
+from polyrl.api import natsconfig, natstls
 from polyrl.api.messages import DrainAck, Drained, DrainRequest, Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJob
@@ -65,6 +66,18 @@ class JobChannel:
         self.watchers.clear()
 
 
+def _tls(data: Mapping[str, str]) -> dict[str, Any]:
+    """TLS from the Secret's `ca.crt` (and `tls.crt`, `tls.key`), as the workers read them
+    from its mount (`natstls`); no options without a CA."""
+    if natstls.CA not in data:
+        return {}
+    directory = Path(tempfile.mkdtemp(prefix="polyrl-nats-tls-"))
+    for name in (natstls.CA, natstls.CERT, natstls.KEY):
+        if name in data:
+            (directory / name).write_bytes(base64.b64decode(data[name]))
+    return {"tls": natstls.context(directory)}
+
+
 class NatsHub:
     def __init__(self, kube: Kube, settings: OperatorSettings, wake: Wake) -> None:
         self.kube = kube
@@ -90,6 +103,7 @@ class NatsHub:
         if conn is not None and conn.is_connected:
             return conn
         options = await self._credentials(secret, secret_ns)
+        errors = natstls.LastError(log)
         try:
             conn = await asyncio.wait_for(
                 nats.connect(
@@ -98,14 +112,13 @@ class NatsHub:
                     connect_timeout=self.settings.nats_timeout,
                     max_reconnect_attempts=-1,
                     allow_reconnect=True,
+                    error_cb=errors.record,
                     **options,
                 ),
                 timeout=self.settings.nats_timeout * 2,
             )
         except (TimeoutError, OSError, nats.errors.Error) as err:
-            raise NatsUnavailable(
-                f"cannot connect to NATS at {url}: {type(err).__name__}"
-            ) from None
+            raise NatsUnavailable(f"cannot connect to NATS at {url}: {errors.why(err)}") from None
         self.conns[key] = conn
         return conn
 
@@ -113,19 +126,20 @@ class NatsHub:
         if not secret:
             return {}
         data = await self.kube.read_secret(namespace, secret)
+        options = _tls(data)
         if "token" in data:
-            return {"token": base64.b64decode(data["token"]).decode()}
+            return options | {"token": base64.b64decode(data["token"]).decode()}
         if "creds" in data:
             fd, path = tempfile.mkstemp(prefix="polyrl-nats-", suffix=".creds")
             with os.fdopen(fd, "wb") as out:
                 out.write(base64.b64decode(data["creds"]))
-            return {"user_credentials": path}
+            return options | {"user_credentials": path}
         if "user" in data and "password" in data:
-            return {
+            return options | {
                 "user": base64.b64decode(data["user"]).decode(),
                 "password": base64.b64decode(data["password"]).decode(),
             }
-        return {}
+        return options
 
     async def ensure_job(self, job: RLJob) -> None:
         """Streams and buckets exist, and this job's mirrors run (once per generation)."""

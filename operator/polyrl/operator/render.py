@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any
 
-from polyrl.api import naming
+from polyrl.api import naming, natstls
 from polyrl.api.base import API_VERSION
 from polyrl.api.launch import (
     CHECKPOINT_MOUNT,
@@ -28,6 +28,7 @@ from polyrl.api.launch import (
 from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob
 
 RUN_AS = 65532
+NATS_VOLUME = "nats-credentials"
 
 
 def owner_ref(kind: str, name: str, uid: str, *, api_version: str = API_VERSION) -> dict[str, Any]:
@@ -52,6 +53,7 @@ def _env(launch: WorkerLaunch, nats_secret: str | None) -> list[dict[str, Any]]:
         {"name": "HOME", "value": "/tmp"},
     ]
     if nats_secret:
+        env.append({"name": natstls.TLS_DIR_ENV, "value": natstls.TLS_MOUNT})
         for var, key in (("POLYRL_NATS_TOKEN", "token"), ("POLYRL_NATS_CREDS", "creds")):
             env.append(
                 {
@@ -91,6 +93,9 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
     for i, claim in enumerate(launch.model_claims):
         mount = {"name": f"model-{i}", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}
         container["volumeMounts"].append(mount)
+    if nats_secret:
+        mount = {"name": NATS_VOLUME, "mountPath": natstls.TLS_MOUNT, "readOnly": True}
+        container["volumeMounts"].append(mount)
     return container
 
 
@@ -112,6 +117,9 @@ def pod_spec(
         "containers": [_container(launch, nats_secret)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
+    if nats_secret:  # its ca.crt, tls.crt and tls.key, where the worker reads TLS from
+        secret = {"secretName": nats_secret, "optional": True, "defaultMode": 0o440}
+        spec["volumes"].append({"name": NATS_VOLUME, "secret": secret})
     if launch.role == Role.TRAINER:
         # The trainer's delta encoder reads snapshots from shared memory (two bf16 copies of the
         # model), and NCCL uses it too; a container's own /dev/shm is 64 MiB. Memory-backed, it

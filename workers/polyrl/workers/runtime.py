@@ -28,7 +28,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from polyrl.api import natsconfig
+from polyrl.api import natsconfig, natstls
 from polyrl.api.launch import (
     CONFIG_ENV,
     EXIT_INVALID_INPUT,
@@ -134,14 +134,19 @@ def load_config(env: dict[str, str] | None = None) -> tuple[WorkerConfig, str]:
 
 
 def _credentials() -> dict[str, Any]:
+    """nats.connect's options from the pod's env: a token or a creds file, and TLS."""
+    options: dict[str, Any] = {}
+    tls_dir = os.environ.get(natstls.TLS_DIR_ENV)
+    if tls_dir and (tls := natstls.context(Path(tls_dir))) is not None:
+        options["tls"] = tls
     if token := os.environ.get("POLYRL_NATS_TOKEN"):
-        return {"token": token}
+        return options | {"token": token}
     if creds := os.environ.get("POLYRL_NATS_CREDS"):
         fd, path = tempfile.mkstemp(prefix="polyrl-", suffix=".creds")
         with os.fdopen(fd, "w") as out:
             out.write(creds)
-        return {"user_credentials": path}
-    return {}
+        return options | {"user_credentials": path}
+    return options
 
 
 @dataclass
@@ -161,19 +166,21 @@ class Runtime:
 
     @classmethod
     async def connect(cls, config: WorkerConfig, pod: str, *, timeout: float = 10.0) -> Runtime:
+        errors = natstls.LastError(log)
         try:
             nc = await asyncio.wait_for(
                 nats.connect(
                     config.nats_url,
                     max_reconnect_attempts=-1,
                     drain_timeout=DRAIN_SECONDS,
+                    error_cb=errors.record,
                     **_credentials(),
                 ),
                 timeout=timeout,
             )
         except (TimeoutError, OSError, nats.errors.Error) as err:
             raise Unavailable(
-                f"cannot reach NATS at {config.nats_url}: {type(err).__name__}"
+                f"cannot reach NATS at {config.nats_url}: {errors.why(err)}"
             ) from None
         js = nc.jetstream()
         names = JobNames(namespace=config.namespace, job=config.job)
