@@ -236,3 +236,35 @@ def test_the_operator_reads_tls_from_the_secrets_ca_and_client_pair(tmp_path: Pa
     assert tls.verify_mode == ssl.CERT_REQUIRED
     assert tls.check_hostname
     assert natshub._tls({"token": "dG9r"}) == {}  # no CA: no TLS options
+
+
+def test_pvc_data_files_are_mounted_in_workflow_and_trainer_pods_once_per_claim() -> None:
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["policies"][0]["model"] = {"path": "pvc://shared/model"}
+    doc["spec"]["workflow"] = {
+        "name": "single",
+        "task": {
+            "name": "dataset",
+            "params": {"path": "pvc://data/math/train.parquet", "heldOutPath": "pvc://shared/t"},
+        },
+    }
+    for launch in plan.plan(RLJob.model_validate(doc), nats_url="nats://n:4222").launches:
+        spec = render.pod(launch, namespace="team", owner={})["spec"]
+        claims = sorted(
+            v["persistentVolumeClaim"]["claimName"]
+            for v in spec["volumes"]
+            if "persistentVolumeClaim" in v and v["name"] != "checkpoints"
+        )
+        mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        if launch.role == Role.ROLLOUT:
+            assert claims == []
+            continue
+        expected = ["data", "shared"]  # trainers also read the model's claim: mounted once
+        assert claims == expected
+        assert {"/mnt/polyrl/pvc/data", "/mnt/polyrl/pvc/shared"} <= mounts
+
+
+def test_a_malformed_pvc_data_path_mounts_nothing_and_is_left_to_the_tasks_own_check() -> None:
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["workflow"] = {"task": {"name": "dataset", "params": {"path": "pvc://only"}}}
+    assert plan.data_claims(RLJob.model_validate(doc)) == []

@@ -92,6 +92,10 @@ class WorkerLaunch(ApiModel):
         default_factory=list,
         description="Claims a `pvc://` model reads from, mounted read-only at PVC_ROOT/<claim> (trainer pods; a local run ignores them).",
     )
+    data_claims: list[str] = Field(
+        default_factory=list,
+        description="Claims a `pvc://` data file of the task reads from, mounted read-only at PVC_ROOT/<claim> (workflow and trainer pods; a local run ignores them).",
+    )
     config: WorkerConfig
 
     def with_replica(self, replica: int, name: str) -> WorkerLaunch:

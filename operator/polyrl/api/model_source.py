@@ -14,11 +14,11 @@ from pydantic import Field, field_validator
 from polyrl.api.base import ApiModel
 
 
-def pvc_parts(uri: str) -> tuple[str, str]:
+def pvc_parts(uri: str, *, what: str = "model") -> tuple[str, str]:
     """`pvc://claim/a/b` -> ("claim", "a/b"); ValueError unless a claim and a path are named."""
     claim, _, path = uri.removeprefix("pvc://").partition("/")
     if not claim or not path or ".." in path.split("/") or path.startswith("/"):
-        raise ValueError(f"model {uri!r}: expected pvc://<claim>/<path inside the claim>")
+        raise ValueError(f"{what} {uri!r}: expected pvc://<claim>/<path inside the claim>")
     return claim, path
 
 

@@ -11,6 +11,7 @@ only in the group the job owns. A suspended or finished job plans no launches at
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from polyrl.api.resources import (
 )
 
 WORKER_COMMAND = ("polyrl", "worker")
+DATA_PATH_PARAMS = ("path", "heldOutPath")  # task params that name data files (`dataset`)
 TRAINER_ENTRY = ("-m", "polyrl.workers.trainer")  # what torchrun runs on every rank
 
 
@@ -262,6 +264,7 @@ def _trainer(
         tolerations=trainer.tolerations,
         checkpoint_claim=claim,
         model_claims=model_claims(policy),
+        data_claims=data_claims(job),
         config=config,
     )
 
@@ -270,6 +273,18 @@ def model_claims(policy: PolicySpec) -> list[str]:
     """The claims `policy`'s model and tokenizer read from (`pvc://<claim>/<path>`)."""
     paths = [policy.model.path, policy.model.tokenizer or ""]
     return sorted({pvc_parts(p)[0] for p in paths if p.startswith("pvc://")})
+
+
+def data_claims(job: RLJob) -> list[str]:
+    """The claims the task's data files read from (`path`, `heldOutPath` as pvc://...): the
+    workflow runners sample from them, the trainers evaluate on their held-out split."""
+    claims = set()
+    for key in DATA_PATH_PARAMS:
+        path = job.spec.workflow.task.params.get(key)
+        if isinstance(path, str) and path.startswith("pvc://"):
+            with contextlib.suppress(ValueError):  # the task's own check names it, at start
+                claims.add(pvc_parts(path, what="dataset")[0])
+    return sorted(claims)
 
 
 def checkpoint_claim(job: RLJob, policy: PolicySpec) -> str:
@@ -302,6 +317,7 @@ def _workflow(job: RLJob, replica: int, nats_url: str, entrypoints: Entrypoints)
         command=[*entrypoints.worker, Role.WORKFLOW.value],
         env={CONFIG_ENV: config.to_env()},
         labels=_labels(job, Role.WORKFLOW, replica),
+        data_claims=data_claims(job),
         config=config,
     )
 

@@ -66,6 +66,15 @@ def _env(launch: WorkerLaunch, nats_secret: str | None) -> list[dict[str, Any]]:
     return env
 
 
+def _claim_volumes(launch: WorkerLaunch) -> list[tuple[str, str]]:
+    """(volume, claim) for each claim mounted read-only: the model's, then the data's not
+    already among them."""
+    data = [c for c in launch.data_claims if c not in launch.model_claims]
+    return [(f"model-{i}", c) for i, c in enumerate(launch.model_claims)] + [
+        (f"data-{i}", c) for i, c in enumerate(data)
+    ]
+
+
 def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": str(launch.role),
@@ -90,8 +99,8 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     if launch.checkpoint_claim:
         container["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
-    for i, claim in enumerate(launch.model_claims):
-        mount = {"name": f"model-{i}", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}
+    for volume, claim in _claim_volumes(launch):
+        mount = {"name": volume, "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}
         container["volumeMounts"].append(mount)
     if nats_secret:
         mount = {"name": NATS_VOLUME, "mountPath": natstls.TLS_MOUNT, "readOnly": True}
@@ -128,9 +137,9 @@ def pod_spec(
     if launch.checkpoint_claim:
         claim = {"claimName": launch.checkpoint_claim}
         spec["volumes"].append({"name": "checkpoints", "persistentVolumeClaim": claim})
-    for i, name in enumerate(launch.model_claims):
+    for volume, name in _claim_volumes(launch):
         claim_ref: dict[str, Any] = {"claimName": name, "readOnly": True}
-        spec["volumes"].append({"name": f"model-{i}", "persistentVolumeClaim": claim_ref})
+        spec["volumes"].append({"name": volume, "persistentVolumeClaim": claim_ref})
     if launch.node_selector:
         spec["nodeSelector"] = dict(launch.node_selector)
     if launch.tolerations:

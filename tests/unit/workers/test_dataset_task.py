@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from tests.unit.workers import rewardfns
 
+from polyrl.api.launch import PVC_ROOT_ENV
 from polyrl.workers.tasks import base, dataset, rewards
 
 REPO = Path(__file__).resolve().parents[3]
@@ -197,3 +198,21 @@ def test_a_function_of_no_known_signature_needs_its_style_named() -> None:
         rewards.make("tests.unit.workers.rewardfns:unknown")
     with pytest.raises(ValueError, match="rewardStyle 'grpo'"):
         rewards.make("tests.unit.workers.rewardfns:unknown", style="grpo")
+
+
+def test_a_pvc_data_path_reads_where_the_operator_mounts_its_claim(
+    math_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the operator the claim is mounted at PVC_ROOT/<claim>; the test moves the root."""
+    (tmp_path / "math-data").symlink_to(math_data)
+    monkeypatch.setenv(PVC_ROOT_ENV, str(tmp_path))
+    mounted = task(path="pvc://math-data/train.parquet", heldOutPath="pvc://math-data/test.parquet")
+    local = task(path=str(math_data / "train.parquet"), heldOutPath=str(math_data / "test.parquet"))
+    assert mounted.problem(5).id == local.problem(5).id
+    assert [p.id for p in mounted.held_out()] == [p.id for p in local.held_out()]
+    with pytest.raises(
+        dataset.DataError, match=r"claim 'other' is not mounted at .*on one machine"
+    ):
+        task(path="pvc://other/train.parquet")
+    with pytest.raises(dataset.DataError, match=r"expected pvc://<claim>/<path inside the claim>"):
+        task(path="pvc://math-data")

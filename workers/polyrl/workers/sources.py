@@ -10,7 +10,9 @@
   (`polyrl.api.launch.PVC_ROOT`), and the path resolves below it; the root can be moved with
   `POLYRL_PVC_ROOT` (what `polyrl run` does not set: on one machine, give a local path).
 
-Only the trainer resolves these: rollout workers get the model from the job's Object Store.
+Only the trainer resolves these for models (rollout workers get the model from the job's
+Object Store); the `dataset` task resolves `pvc://` data files the same way, in the workflow
+runner's and the trainers' pods.
 """
 
 from __future__ import annotations
@@ -62,13 +64,13 @@ def resolve_hf(uri: str, *, cache_dir: Path | None = None) -> Path:
     return Path(path)
 
 
-def resolve_pvc(uri: str) -> Path:
-    """The mounted path of a `pvc://claim/path` model (see the module docstring)."""
-    claim, sub = pvc_parts(uri)
+def resolve_pvc(uri: str, *, what: str = "model") -> Path:
+    """The mounted path of a `pvc://claim/path` model or data file (see the module docstring)."""
+    claim, sub = pvc_parts(uri, what=what)
     root = Path(os.environ.get(PVC_ROOT_ENV, PVC_ROOT)) / claim
     if not root.is_dir():
         raise ValueError(
-            f"model {uri!r}: claim {claim!r} is not mounted at {root}; pvc:// models work "
+            f"{what} {uri!r}: claim {claim!r} is not mounted at {root}; pvc:// paths work "
             "under the operator (which mounts the claim); on one machine give a local path"
         )
     return root / sub

@@ -56,8 +56,17 @@ class MathReward:
     whole check runs on the reward pool under `timeout` instead, like a user's function."""
 
     def __init__(self, *, timeout: float = 10.0) -> None:
+        from math_verify import parse, verify
+
         self.timeout = timeout
         self.unparsable: set[str] = set()  # ground truths math-verify could not read
+        # Its first use imports sympy and builds the LaTeX grammar: seconds on a busy
+        # machine, which must not count against the first sample's timeout.
+        verify(
+            parse("$1$", parsing_timeout=None),
+            parse("1", parsing_timeout=None),
+            timeout_seconds=None,
+        )
 
     def __call__(self, problem: base.Problem, completion: str) -> float:
         future = _POOL.submit(self._score, problem, completion)
