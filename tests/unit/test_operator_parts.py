@@ -268,3 +268,10 @@ def test_a_malformed_pvc_data_path_mounts_nothing_and_is_left_to_the_tasks_own_c
     doc = copy.deepcopy(JOB)
     doc["spec"]["workflow"] = {"task": {"name": "dataset", "params": {"path": "pvc://only"}}}
     assert plan.data_claims(RLJob.model_validate(doc)) == []
+
+
+def test_every_worker_pod_declares_its_metrics_port_and_tells_the_worker() -> None:
+    for launch in plan.plan(RLJob.model_validate(JOB), nats_url="nats://n:4222").launches:
+        container = render.pod(launch, namespace="team", owner={})["spec"]["containers"][0]
+        assert {"name": "metrics", "containerPort": 9400} in container["ports"]
+        assert {"name": "POLYRL_METRICS_PORT", "value": "9400"} in container["env"]

@@ -29,6 +29,8 @@ from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob
 
 RUN_AS = 65532
 NATS_VOLUME = "nats-credentials"
+# Every worker serves Prometheus metrics here (polyrl.workers.worker_metrics).
+METRICS_PORT, METRICS_PORT_ENV = 9400, "POLYRL_METRICS_PORT"
 
 
 def owner_ref(kind: str, name: str, uid: str, *, api_version: str = API_VERSION) -> dict[str, Any]:
@@ -51,6 +53,7 @@ def _env(launch: WorkerLaunch, nats_secret: str | None) -> list[dict[str, Any]]:
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
         {"name": "HOME", "value": "/tmp"},
+        {"name": METRICS_PORT_ENV, "value": str(METRICS_PORT)},
     ]
     if nats_secret:
         env.append({"name": natstls.TLS_DIR_ENV, "value": natstls.TLS_MOUNT})
@@ -94,8 +97,9 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
     }
     if launch.resources is not None:
         container["resources"] = launch.resources.to_api()
+    container["ports"] = [{"name": "metrics", "containerPort": METRICS_PORT}]
     if launch.role == Role.TRAINER:
-        container["ports"] = [{"name": "rdzv", "containerPort": RDZV_PORT}]
+        container["ports"].append({"name": "rdzv", "containerPort": RDZV_PORT})
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     if launch.checkpoint_claim:
         container["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})

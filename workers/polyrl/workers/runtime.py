@@ -42,6 +42,8 @@ from polyrl.api.launch import (
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.wire import DeadLetter
+from polyrl.workers import worker_metrics
+from polyrl.workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger("polyrl.worker")
 HEARTBEAT_SECONDS = 2.0
@@ -163,6 +165,7 @@ class Runtime:
     state: WorkerState = WorkerState.STARTING
     figures: dict[str, Any] = field(default_factory=dict)
     dead_letters: int = 0
+    exported: WorkerMetrics | None = None  # Prometheus gauges, where a port is set
 
     @classmethod
     async def connect(cls, config: WorkerConfig, pod: str, *, timeout: float = 10.0) -> Runtime:
@@ -194,6 +197,9 @@ class Runtime:
             loop.add_signal_handler(sig, self.stopping.set)
 
     async def heartbeat_forever(self) -> None:
+        """Beat every HEARTBEAT_SECONDS; serve the figures to Prometheus too, if asked to."""
+        if self.exported is None:
+            self.exported = worker_metrics.from_env()
         while True:
             await self.beat()
             await asyncio.sleep(HEARTBEAT_SECONDS)
@@ -211,6 +217,8 @@ class Runtime:
             dead_letters=self.dead_letters,
             **self.figures,
         )
+        if self.exported is not None:
+            self.exported.observe(beat)
         with contextlib.suppress(Exception):  # NATS may be reconnecting; try next beat
             await self.kv.put(key, beat.model_dump_json().encode())
 

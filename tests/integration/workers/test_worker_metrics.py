@@ -1,0 +1,76 @@
+"""A worker serves its heartbeat's figures to Prometheus on POLYRL_METRICS_PORT, read back
+with Prometheus's own text parser; the values follow the worker as it goes."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.resources import RLJobSpec
+from polyrl.local import processes
+from polyrl.local.natsserver import NatsServer
+from polyrl.workers import worker_metrics
+from polyrl.workers.runtime import Runtime
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("polyrl_worker_")
+    }
+
+
+async def test_a_workers_figures_are_scraped_with_their_names_and_follow_its_heartbeats(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = processes.free_port()
+    monkeypatch.setenv(worker_metrics.PORT_ENV, str(port))
+    spec = RLJobSpec.model_validate(
+        {"policies": [{"name": "solver", "model": {"path": "tiny-llama://m"}}]}
+    )
+    config = WorkerConfig(
+        namespace="t", job="metrics", role=Role.ROLLOUT, policy="solver",
+        nats_url=nats_server.url, spec=spec,
+    )  # fmt: skip
+    rt = await Runtime.connect(config, "metrics-rollout-0")
+    beating = asyncio.create_task(rt.heartbeat_forever())
+    try:
+        rt.figures = {"requests_served": 3, "weight_version": 2, "tokens_per_second": 120.5}
+        await rt.beat()
+        first = await asyncio.to_thread(scrape, port)
+        rt.figures = {"requests_served": 10, "weight_version": 5, "tokens_per_second": 80.0}
+        rt.dead_letters = 1
+        await rt.beat()
+        second = await asyncio.to_thread(scrape, port)
+    finally:
+        beating.cancel()
+        await rt.close()
+    assert first["polyrl_worker_info"] == 1.0
+    assert set(worker_metrics.FIGURES) <= {n.removeprefix("polyrl_worker_") for n in first}
+    assert (first["polyrl_worker_requests_served"], second["polyrl_worker_requests_served"]) == (
+        3.0,
+        10.0,
+    )
+    assert (first["polyrl_worker_weight_version"], second["polyrl_worker_weight_version"]) == (
+        2.0,
+        5.0,
+    )
+    assert second["polyrl_worker_tokens_per_second"] == 80.0
+    assert (first["polyrl_worker_dead_letters"], second["polyrl_worker_dead_letters"]) == (0, 1)
+
+
+def test_a_port_that_cannot_be_had_leaves_the_worker_without_metrics_not_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(worker_metrics.PORT_ENV, "not-a-port")
+    assert worker_metrics.from_env() is None
+    monkeypatch.delenv(worker_metrics.PORT_ENV)
+    assert worker_metrics.from_env() is None
