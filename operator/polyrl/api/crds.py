@@ -231,6 +231,8 @@ def rljob_crd() -> dict[str, Any]:
         _col("Phase", ".status.phase"),
         _col("Policies", ".status.policiesReady", description="Policies ready / total"),
         _col("Step", ".status.step", "integer", "Smallest trainer step over the policies"),
+        _col("Progress", ".status.progress", description="The least advanced policy's steps"),
+        _col("ETA", ".status.eta", description="Longest time left over the policies"),
         _col("Version", ".status.weightVersion", "integer", "Smallest weight version"),
         _col("Rollouts", ".status.rollouts", description="Ready / desired rollout pods"),
         _col("Age", ".metadata.creationTimestamp", "date"),
@@ -253,6 +255,8 @@ def policygroup_crd() -> dict[str, Any]:
         _col("Desired", ".spec.rollout.replicas", "integer", "Desired rollout pods"),
         _col("Version", ".status.weightVersion", "integer", "Weight version served"),
         _col("Step", ".status.step", "integer", "Trainer step (a group with the trainer)"),
+        _col("Progress", ".status.progress", description="Trainer steps done of the budget"),
+        _col("ETA", ".status.eta", description="Time left at the trainer's recent pace"),
         _col("Held-out", ".status.heldOut", "number", "The trainer's last held-out figure"),
         _col("Age", ".metadata.creationTimestamp", "date"),
     ]

@@ -42,6 +42,9 @@ class Heartbeat(ApiModel):
         "once when it starts publishing it (the workflow runner's staleness bound reads it).",
     )
     step: int = Field(0, ge=0, description="Trainer step.")
+    step_seconds: float | None = Field(
+        None, ge=0, description="Trainer: recent seconds per step (smoothed); ETAs come from it."
+    )
     requests_served: int = Field(0, ge=0, description="Generation requests answered so far.")
     in_flight: int = Field(0, ge=0, description="Requests being generated now.")
     dropped_prompts: int = Field(

@@ -17,10 +17,14 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from polyrl.api._version import DEFAULT_IMAGE
-from polyrl.api.base import ApiModel, Condition, Dns1035Name, Quantity, Resources, Toleration
+from polyrl.api.base import ApiModel, Dns1035Name, Quantity, Resources, Toleration
 from polyrl.api.model_source import ModelSource as ModelSource
 from polyrl.api.model_source import PromptFormat as PromptFormat
 from polyrl.api.model_source import pvc_parts as pvc_parts
+from polyrl.api.status import Phase as Phase
+from polyrl.api.status import PolicyGroupStatus as PolicyGroupStatus
+from polyrl.api.status import PolicyStatus as PolicyStatus
+from polyrl.api.status import RLJobStatus as RLJobStatus
 
 # Suffix of the longest generated child name: "-rollout-" plus up to 3 digits.
 LONGEST_SUFFIX = len("-rollout-") + 3
@@ -50,19 +54,6 @@ class UniformGroups(enum.StrEnum):
     KEEP = "keep"
     SKIP = "skip"
     REFILL = "refill"
-
-
-class Phase(enum.StrEnum):
-    """Lifecycle of an RLJob or PolicyGroup, shown in `kubectl get`."""
-
-    PENDING = "Pending"
-    RUNNING = "Running"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-    def is_terminal(self) -> bool:
-        return self in (Phase.SUCCEEDED, Phase.FAILED)
 
 
 class Optimizer(ApiModel):
@@ -441,59 +432,6 @@ class RLJobSpec(ApiModel):
         return steps
 
 
-class PolicyStatus(ApiModel):
-    """Headline figures of one policy, from its PolicyGroups and worker heartbeats."""
-
-    name: str = Field(description="Policy name.")
-    step: int = Field(0, ge=0, description="Trainer step.")
-    weight_version: int = Field(0, ge=0, description="Latest published weight version.")
-    reward: float | None = Field(None, description="Recent mean reward.")
-    held_out: float | None = Field(None, description="Last held-out figure of the trainer.")
-    ready_rollouts: int = Field(0, ge=0, description="Ready rollout pods over all PolicyGroups.")
-    desired_rollouts: int = Field(
-        0, ge=0, description="Desired rollout pods over all PolicyGroups."
-    )
-    trainer_ready: bool = Field(False, description="Every trainer pod is running.")
-    completed: bool = Field(False, description="The trainer finished its last step.")
-    output: str | None = Field(
-        None,
-        description="Where the policy's checkpoint is, as pvc://<claim>/<path>: a Hugging Face directory (weights, config, tokenizer) that polyrl export reads.",
-    )
-
-
-class RLJobStatus(ApiModel):
-    phase: Phase = Field(
-        Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Ready, NatsReady, Stopped, ...",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
-    policies: list[PolicyStatus] = Field(default_factory=list, description="Per-policy progress.")
-    policies_ready: str = Field(
-        "0/0", description="Policies whose trainer and rollouts are ready, e.g. 2/2."
-    )
-    step: int = Field(0, ge=0, description="Smallest trainer step over the policies.")
-    weight_version: int = Field(
-        0, ge=0, description="Smallest published weight version over the policies."
-    )
-    rollouts: str = Field("0/0", description="Ready/desired rollout pods over all policies.")
-    start_time: str | None = Field(None, description="When the job first ran.")
-    completion_time: str | None = Field(None, description="When the job reached a terminal phase.")
-    workflow_failures: int = Field(
-        0, ge=0, description="Consecutive workflow-runner pod failures (drives backoff)."
-    )
-    last_failure_time: str | None = Field(
-        None, description="When a workflow-runner pod last failed."
-    )
-    last_failure: str | None = Field(
-        None,
-        description="What the last failed workflow-runner pod said, until runners are healthy again.",
-    )
-
-
 class PolicyGroupSpec(ApiModel):
     job_ref: Dns1035Name = Field(description="The RLJob (same namespace) this group serves.")
     policy: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=40)] = Field(
@@ -508,47 +446,6 @@ class PolicyGroupSpec(ApiModel):
         description="This group's rollout pool; `kubectl scale` sets replicas.",
     )
     image: str | None = Field(None, description="Worker image override.")
-
-
-class PolicyGroupStatus(ApiModel):
-    phase: Phase = Field(
-        Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Ready, TrainerHealthy, RolloutsReady, ...",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
-    replicas: int = Field(
-        0, ge=0, description="Active rollout pods (the scale subresource's status)."
-    )
-    ready_replicas: int = Field(0, ge=0, description="Ready rollout pods.")
-    selector: str = Field(
-        "",
-        description="Label selector of the active rollout pods (for the scale subresource and HPAs).",
-    )
-    trainer_pods: int = Field(0, ge=0, description="Running trainer pods.")
-    trainer_restarts: int = Field(
-        0, ge=0, description="Times the trainer was restarted after a failure."
-    )
-    trainer_completed: bool = Field(
-        False, description="The trainer finished its last step; it is not started again."
-    )
-    weight_version: int = Field(0, ge=0, description="Weight version the rollouts serve (lowest).")
-    step: int = Field(0, ge=0, description="Trainer step (groups with a trainer).")
-    reward: float | None = Field(None, description="Recent mean reward reported by the trainer.")
-    held_out: float | None = Field(
-        None, description="The trainer's last held-out figure (its evaluation's headline)."
-    )
-    rollout_failures: int = Field(
-        0, ge=0, description="Consecutive rollout pod failures (drives backoff)."
-    )
-    last_failure_time: str | None = Field(None, description="When a pod of this group last failed.")
-    last_failure: str | None = Field(
-        None,
-        description="What the last failed pod said (its exit code and termination message), until the group is healthy again.",
-    )
 
 
 class Metadata(ApiModel):

@@ -27,7 +27,7 @@ from polyrl.api.base import (
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
-from polyrl.operator import metrics, render, report, scaling
+from polyrl.operator import metrics, progress, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.podinfo import PodInfo
 
@@ -497,6 +497,21 @@ def _heartbeat_figures(p: Pass) -> None:
         p.status.reward = round(rewards[0], 4) if rewards else p.status.reward
         held = [hb.held_out for hb in trainers if hb.held_out is not None]
         p.status.held_out = round(held[0], 4) if held else p.status.held_out
+        paces = [hb.step_seconds for hb in trainers if hb.step_seconds]
+        p.status.step_seconds = round(paces[0], 3) if paces else p.status.step_seconds
+    _progress(p)
+
+
+def _progress(p: Pass) -> None:
+    """Progress and ETA of a group with the trainer (`progress`)."""
+    policy = p.job.spec.policy(p.group.spec.policy) if p.job else None
+    if p.job is None or policy is None or not p.group.spec.trainer:
+        return
+    budget = p.job.spec.steps_of(policy)
+    p.status.progress = progress.progress(p.status.step, budget)
+    p.status.eta = progress.eta(
+        p.status.step, budget, p.status.step_seconds, completed=p.status.trainer_completed
+    )
 
 
 def _phase_and_ready(p: Pass) -> None:

@@ -33,7 +33,7 @@ from polyrl.api.resources import (
     RLJobStatus,
     WhenDeleted,
 )
-from polyrl.operator import metrics, render, report, scaling
+from polyrl.operator import metrics, progress, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.natshub import NatsUnavailable
 from polyrl.operator.podinfo import PodInfo
@@ -255,6 +255,8 @@ def _policy_status(
     return PolicyStatus(
         name=policy.name,
         step=owned.status.step if owned else 0,
+        progress=owned.status.progress if owned else None,
+        eta=owned.status.eta if owned else None,
         reward=owned.status.reward if owned else None,
         held_out=owned.status.held_out if owned else None,
         weight_version=own_version if completed or not ready else min(ready),
@@ -286,11 +288,35 @@ def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]]) -> None:
     ready = [x for x in policies if x.trainer_ready and x.ready_rollouts >= x.desired_rollouts]
     p.status.policies_ready = f"{len(ready)}/{len(policies)}"
     p.status.step = min((x.step for x in policies), default=0)
+    _progress(p, by_name)
     p.status.weight_version = min((x.weight_version for x in policies), default=0)
     p.status.rollouts = (
         f"{sum(x.ready_rollouts for x in policies)}/{sum(x.desired_rollouts for x in policies)}"
     )
     _phase(p, groups, all_ready=len(ready) == len(policies))
+
+
+def _progress(p: JobPass, groups: Mapping[str, PolicyGroup]) -> None:
+    """The least advanced policy's progress, and the longest time left (`progress`)."""
+    fractions, lefts = [], []
+    for policy in p.job.spec.policies:
+        owned = groups.get(naming.policy_group(p.name, policy.name))
+        budget = p.job.spec.steps_of(policy)
+        if owned is None or not budget:
+            continue
+        status = owned.status
+        fractions.append((min(status.step, budget) / budget, status.step, budget))
+        lefts.append(
+            progress.seconds_left(
+                status.step, budget, status.step_seconds, completed=status.trainer_completed
+            )
+        )
+    if fractions:
+        _, step, budget = min(fractions)
+        p.status.progress = progress.progress(step, budget)
+    known = [left for left in lefts if left is not None]
+    if known and len(known) == len(lefts):  # one policy without a pace: no honest ETA
+        p.status.eta = progress.duration(max(known))
 
 
 def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> None:

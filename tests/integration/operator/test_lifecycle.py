@@ -100,6 +100,9 @@ def test_a_job_whose_trainers_finish_succeeds_with_its_final_figures_and_frees_i
     assert condition(job, "Complete") == "True"
     figures = {p["name"]: (p["step"], p["completed"]) for p in status["policies"]}
     assert figures == {"solver": (4, True), "judge": (6, True)}  # final steps, kept
+    shown = {p["name"]: (p["progress"], p["eta"]) for p in status["policies"]}
+    assert shown == {"solver": ("4/4 (100%)", "0s"), "judge": ("6/6 (100%)", "0s")}
+    assert (status["progress"], status["eta"]) == ("4/4 (100%)", "0s")
     for group in ("finish-solver", "finish-judge"):
         pg = get(kubectl, ns, "pg", group)
         healthy = next(c for c in pg["status"]["conditions"] if c["type"] == "TrainerHealthy")

@@ -232,11 +232,16 @@ class Leader:
         state = self.trainer.state
         self.waited += stats.get("wait_seconds", 0.0)
         elapsed = time.monotonic() - self.started
+        # The pace ETAs are made of (waiting for samples included): smoothed, so one slow
+        # step (an evaluation) moves it little.
+        pace = self.rt.figures.get("step_seconds")
+        wall = seconds + stats.get("wait_seconds", 0.0)
         self.rt.figures |= {  # held_out stays as the last evaluation left it
             "step": state.step,
             "weight_version": state.version,
             "reward": stats.get("reward"),
             "idle_fraction": min(1.0, self.waited / elapsed) if elapsed > 0 else None,
+            "step_seconds": round(wall if pace is None else 0.8 * pace + 0.2 * wall, 3),
         }
         self.write_metrics(
             {

@@ -1,0 +1,130 @@
+"""The status halves of `RLJob` and `PolicyGroup`: what the operator reports, never what a
+user sets. `resources` re-exports them beside the specs."""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import Field
+
+from polyrl.api.base import ApiModel, Condition
+
+
+class Phase(enum.StrEnum):
+    """Lifecycle of an RLJob or PolicyGroup, shown in `kubectl get`."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    def is_terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class PolicyStatus(ApiModel):
+    """Headline figures of one policy, from its PolicyGroups and worker heartbeats."""
+
+    name: str = Field(description="Policy name.")
+    step: int = Field(0, ge=0, description="Trainer step.")
+    progress: str | None = Field(None, description="Steps done of the budget, e.g. 90/200 (45%).")
+    eta: str | None = Field(None, description="Time left at the trainer's recent pace.")
+    weight_version: int = Field(0, ge=0, description="Latest published weight version.")
+    reward: float | None = Field(None, description="Recent mean reward.")
+    held_out: float | None = Field(None, description="Last held-out figure of the trainer.")
+    ready_rollouts: int = Field(0, ge=0, description="Ready rollout pods over all PolicyGroups.")
+    desired_rollouts: int = Field(
+        0, ge=0, description="Desired rollout pods over all PolicyGroups."
+    )
+    trainer_ready: bool = Field(False, description="Every trainer pod is running.")
+    completed: bool = Field(False, description="The trainer finished its last step.")
+    output: str | None = Field(
+        None,
+        description="Where the policy's checkpoint is, as pvc://<claim>/<path>: a Hugging Face directory (weights, config, tokenizer) that polyrl export reads.",
+    )
+
+
+class RLJobStatus(ApiModel):
+    phase: Phase = Field(
+        Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, NatsReady, Stopped, ...",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
+    policies: list[PolicyStatus] = Field(default_factory=list, description="Per-policy progress.")
+    policies_ready: str = Field(
+        "0/0", description="Policies whose trainer and rollouts are ready, e.g. 2/2."
+    )
+    step: int = Field(0, ge=0, description="Smallest trainer step over the policies.")
+    progress: str | None = Field(None, description="The least advanced policy's progress.")
+    eta: str | None = Field(None, description="The longest time left over the policies.")
+    weight_version: int = Field(
+        0, ge=0, description="Smallest published weight version over the policies."
+    )
+    rollouts: str = Field("0/0", description="Ready/desired rollout pods over all policies.")
+    start_time: str | None = Field(None, description="When the job first ran.")
+    completion_time: str | None = Field(None, description="When the job reached a terminal phase.")
+    workflow_failures: int = Field(
+        0, ge=0, description="Consecutive workflow-runner pod failures (drives backoff)."
+    )
+    last_failure_time: str | None = Field(
+        None, description="When a workflow-runner pod last failed."
+    )
+    last_failure: str | None = Field(
+        None,
+        description="What the last failed workflow-runner pod said, until runners are healthy again.",
+    )
+
+
+class PolicyGroupStatus(ApiModel):
+    phase: Phase = Field(
+        Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, TrainerHealthy, RolloutsReady, ...",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
+    replicas: int = Field(
+        0, ge=0, description="Active rollout pods (the scale subresource's status)."
+    )
+    ready_replicas: int = Field(0, ge=0, description="Ready rollout pods.")
+    selector: str = Field(
+        "",
+        description="Label selector of the active rollout pods (for the scale subresource and HPAs).",
+    )
+    trainer_pods: int = Field(0, ge=0, description="Running trainer pods.")
+    trainer_restarts: int = Field(
+        0, ge=0, description="Times the trainer was restarted after a failure."
+    )
+    trainer_completed: bool = Field(
+        False, description="The trainer finished its last step; it is not started again."
+    )
+    weight_version: int = Field(0, ge=0, description="Weight version the rollouts serve (lowest).")
+    step: int = Field(0, ge=0, description="Trainer step (groups with a trainer).")
+    progress: str | None = Field(
+        None, description="Trainer steps done of the policy's budget, e.g. 90/200 (45%)."
+    )
+    eta: str | None = Field(
+        None, description="Time left at the trainer's recent pace, e.g. 12m30s (0s once done)."
+    )
+    step_seconds: float | None = Field(
+        None, ge=0, description="The trainer's recent seconds per step."
+    )
+    reward: float | None = Field(None, description="Recent mean reward reported by the trainer.")
+    held_out: float | None = Field(
+        None, description="The trainer's last held-out figure (its evaluation's headline)."
+    )
+    rollout_failures: int = Field(
+        0, ge=0, description="Consecutive rollout pod failures (drives backoff)."
+    )
+    last_failure_time: str | None = Field(None, description="When a pod of this group last failed.")
+    last_failure: str | None = Field(
+        None,
+        description="What the last failed pod said (its exit code and termination message), until the group is healthy again.",
+    )
