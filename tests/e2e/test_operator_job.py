@@ -17,7 +17,9 @@ job is still running when the test deletes it.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ import nats
 import pytest
 import yaml
 from nats.js.errors import KeyValueError, NotFoundError
+from prometheus_client.parser import text_string_to_metric_families
 from tests.operator_stack import REPO, OperatorProcess, PodLogs, explained, wait_no_pod_processes
 
 from polyrl.api.messages import Heartbeat
@@ -38,7 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 WARMUP_STEPS = 20
-STEP = 20  # every PolicyGroup's .status.step reaches this
+STEP = 10  # every PolicyGroup's .status.step reaches this
 VERSION = 5  # every rollout worker's heartbeat reports at least this weight version
 TRAIN_TIMEOUT = 360.0  # measured: 90-100 s on a busy 2-core machine
 
@@ -120,6 +123,42 @@ def progress(
     )
 
 
+def check_metrics(running: list[dict[str, Any]]) -> None:
+    """Every pod's Prometheus metrics, scraped at its pod IP on its declared port twice, with
+    Prometheus's own parser: each names its role, and the rollouts' counts move."""
+    targets = {}
+    for pod in running:
+        [port] = [
+            p["containerPort"]
+            for p in pod["spec"]["containers"][0]["ports"]
+            if p["name"] == "metrics"
+        ]
+        targets[pod["metadata"]["name"]] = (pod["status"]["podIP"], port)
+    first = {name: scrape(*target) for name, target in targets.items()}
+    time.sleep(4)
+    second = {name: scrape(*target) for name, target in targets.items()}
+    for name, figures in second.items():
+        assert figures["polyrl_worker_info"] == 1.0, name
+        if "-rollout-" in name:
+            assert (
+                figures["polyrl_worker_requests_served"]
+                > first[name]["polyrl_worker_requests_served"]
+            )
+        if "-trainer-" in name:
+            assert figures["polyrl_worker_step"] >= STEP, name
+
+
+def scrape(ip: str, port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("polyrl_worker_")
+    }
+
+
 def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_cleanly(
     kubectl: Kubectl,
     real_ns: str,
@@ -149,8 +188,12 @@ def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_clean
             held_out = group["status"].get("heldOut")
             assert isinstance(held_out, float | int), group["status"]
             assert 0 <= held_out <= 1
+            # Progress of the policy's step budget, and a time left once the trainer has a pace.
+            assert re.fullmatch(r"\d+/\d+ \(\d+%\)", group["status"]["progress"]), group["status"]
+            assert re.fullmatch(r"(\d+[dhms]){1,2}", group["status"]["eta"]), group["status"]
         running = pods(kubectl, real_ns, job)
         assert len(running) == 5  # 2 trainers, 2 rollouts, 1 workflow runner
+        check_metrics(running)
         assert get_phase(kubectl, real_ns, job) == "Running"  # deleted while it trains
 
         kubectl("delete", "rlj", job, "-n", real_ns, "--timeout=120s")

@@ -51,6 +51,7 @@ def check_rollout_log(text: str) -> None:
     assert versions == sorted(versions), versions
 
 
+@pytest.mark.vllm_slow  # 80 s on 2 cores: `make test-vllm`, not `make test`
 def test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment(
     tmp_path: Path,
 ) -> None:
@@ -64,7 +65,7 @@ def test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment(
     assert "solver  held-out" in proc.stderr
 
 
-@pytest.mark.vllm_cluster  # 3 minutes on 2 cores: `make test-vllm`, not `make test`
+@pytest.mark.vllm_slow  # 3 minutes on 2 cores: `make test-vllm`, not `make test`
 def test_the_operator_runs_vllm_rollout_pods_from_the_vllm_image(
     kubectl: Kubectl,
     real_ns: str,

@@ -45,7 +45,7 @@ BY_COMMAND = {
     "polyrl run examples/two-tokenizers.yaml --run-dir runs/two": TWO_TOKENIZERS,
     "python examples/math_dataset.py --out data/math": MATH_DATASET,
     "polyrl run examples/math-dataset.yaml --run-dir runs/math": MATH_DATASET,
-    "polyrl run examples/vllm-cpu.yaml --run-dir runs/vllm-cpu": VLLM_CPU,
+    "polyrl run examples/vllm-cpu.yaml --run-dir runs/vllm-cpu": VLLM_CPU,  # make test-vllm
 }
 
 

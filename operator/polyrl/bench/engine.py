@@ -37,14 +37,23 @@ PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE = 32, 8, 4, 0.6
 
 
 def run(*, quick: bool) -> dict[str, Any]:
+    return arithmetic(quick=quick) | against_vllm(quick=quick)
+
+
+def arithmetic(*, quick: bool) -> dict[str, Any]:
+    """The torch engine computing in float32 against bfloat16 (the module docstring)."""
     repeats = 3 if quick else 10
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="polyrl-bench-engine-") as cache:
-            figures = _measure(Path(cache), repeats)
+            return _measure(Path(cache), repeats)
     finally:
         torch.set_num_threads(threads)
+
+
+def against_vllm(*, quick: bool) -> dict[str, Any]:
+    """The torch and vLLM engines on the same batches (`engine_vllm`), where vLLM is."""
     python = engine_vllm.vllm_python()
     if python is None:
         print(
@@ -52,13 +61,10 @@ def run(*, quick: bool) -> dict[str, Any]:
             "measured",
             file=sys.stderr,
         )
-        return figures | {"vllm_measured": False}
+        return {"vllm_measured": False}
     with tempfile.TemporaryDirectory(prefix="polyrl-bench-vllm-") as workdir:
-        return (
-            figures
-            | {"vllm_measured": True}
-            | engine_vllm.run(python, workdir=Path(workdir), quick=quick)
-        )
+        figures = engine_vllm.run(python, workdir=Path(workdir), quick=quick)
+    return {"vllm_measured": True} | figures
 
 
 def _measure(cache: Path, repeats: int) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from polyrl.bench import engine as bench
 
 
 @pytest.mark.slow
-def test_the_quick_engine_benchmark_compares_arithmetics_and_the_torch_and_vllm_engines() -> None:
-    figures = bench.run(quick=True)
+def test_the_quick_engine_benchmark_compares_float32_and_bfloat16_arithmetic() -> None:
+    figures = bench.arithmetic(quick=True)
     assert figures["batch"] == bench.PROMPTS * bench.GROUP
     # Every sample writes at least its first token and at most NEW_TOKENS.
     assert figures["batch"] <= figures["new_tokens"] <= figures["batch"] * bench.NEW_TOKENS
@@ -20,7 +20,11 @@ def test_the_quick_engine_benchmark_compares_arithmetics_and_the_torch_and_vllm_
     assert figures["float32_vs_bfloat16"] == pytest.approx(ratio, rel=0.02)
     # The same bfloat16 weights: the two arithmetics differ only by rounding.
     assert 0 < figures["logprob_max_diff"] < 0.1
-    # The torch-against-vLLM part runs where the vLLM environment is (`make test` builds it).
+
+
+@pytest.mark.vllm_slow  # half a minute of vLLM start-up: `make test-vllm`
+def test_the_quick_engine_benchmark_compares_the_torch_and_vllm_engines() -> None:
+    figures = bench.against_vllm(quick=True)
     assert figures["vllm_measured"], "no vLLM environment: run `make install-vllm`"
     for engine in ("torch", "vllm"):
         for key in ("import_s", "load_s", "first_token_s", "tokens_per_s"):
