@@ -90,6 +90,26 @@ def export(*args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def check_model_left(
+    kubectl: Kubectl, job: dict[str, Any], nats_job: str, version: int, tmp_path: Path
+) -> None:
+    """The model is in the claim where status says, and in NATS at its last `version`; both
+    export to a Hugging Face directory."""
+    ns, uid = job["metadata"]["namespace"], job["metadata"]["uid"]
+    output = job["status"]["policies"][0]["output"]
+    assert output == f"pvc://short-solver-checkpoints/{uid}/{ns}/short/solver/checkpoint"
+    claim = kubectl.json("get", "pvc", "short-solver-checkpoints", "-n", ns)
+    pv = kubectl.json("get", "pv", claim["spec"]["volumeName"])
+    directory = Path(pv["spec"]["hostPath"]["path"]) / output.split("/", 3)[3]
+    saved = json.loads((directory / "trainer.json").read_text())
+    assert (saved["step"], saved["epoch"]) == (STEPS, 1)
+    export(str(directory), str(tmp_path / "from-claim"))
+    assert (tmp_path / "from-claim" / "model.safetensors").is_file()
+    out = export(nats_job, str(tmp_path / "from-nats"), "--policy", "solver").stdout
+    assert f"version {version}" in out
+    assert (tmp_path / "from-nats" / "config.json").is_file()
+
+
 def test_a_short_job_survives_a_lost_trainer_pod_finishes_and_leaves_its_model(
     kubectl: Kubectl,
     real_ns: str,
@@ -168,22 +188,7 @@ def test_a_short_job_survives_a_lost_trainer_pod_finishes_and_leaves_its_model(
         )
         wait_no_pod_processes(logs)
 
-        # The model: in the claim where status says, and in NATS.
-        uid = job["metadata"]["uid"]
-        output = policy["output"]
-        assert output == f"pvc://short-solver-checkpoints/{uid}/{ns}/short/solver/checkpoint"
-        claim = kubectl.json("get", "pvc", "short-solver-checkpoints", "-n", ns)
-        pv = kubectl.json("get", "pv", claim["spec"]["volumeName"])
-        directory = Path(pv["spec"]["hostPath"]["path"]) / output.split("/", 3)[3]
-        saved = json.loads((directory / "trainer.json").read_text())
-        assert (saved["step"], saved["epoch"]) == (STEPS, 1)
-        export(str(directory), str(tmp_path / "from-claim"))
-        assert (tmp_path / "from-claim" / "model.safetensors").is_file()
-        out = export(
-            f"{nats_server.url}/{ns}/short", str(tmp_path / "from-nats"), "--policy", "solver"
-        ).stdout
-        assert f"version {max(versions)}" in out
-        assert (tmp_path / "from-nats" / "config.json").is_file()
+        check_model_left(kubectl, job, f"{nats_server.url}/{ns}/short", max(versions), tmp_path)
 
         kubectl("delete", "rlj", "short", "-n", ns, "--timeout=60s")
         kubectl("get", "pvc", "short-solver-checkpoints", "-n", ns)  # Retain: the model stays

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import nats
 import pytest
 import yaml
 from nats.js.errors import KeyValueError, NotFoundError
-from prometheus_client.parser import text_string_to_metric_families
+from tests import scrape
 from tests.operator_stack import REPO, OperatorProcess, PodLogs, explained, wait_no_pod_processes
 
 from polyrl.api.messages import Heartbeat
@@ -133,10 +132,10 @@ def check_metrics(running: list[dict[str, Any]]) -> None:
             for p in pod["spec"]["containers"][0]["ports"]
             if p["name"] == "metrics"
         ]
-        targets[pod["metadata"]["name"]] = (pod["status"]["podIP"], port)
-    first = {name: scrape(*target) for name, target in targets.items()}
+        targets[pod["metadata"]["name"]] = f"http://{pod['status']['podIP']}:{port}/metrics"
+    first = {name: scrape.worker_metrics(url) for name, url in targets.items()}
     time.sleep(4)
-    second = {name: scrape(*target) for name, target in targets.items()}
+    second = {name: scrape.worker_metrics(url) for name, url in targets.items()}
     for name, figures in second.items():
         assert figures["polyrl_worker_info"] == 1.0, name
         if "-rollout-" in name:
@@ -146,17 +145,6 @@ def check_metrics(running: list[dict[str, Any]]) -> None:
             )
         if "-trainer-" in name:
             assert figures["polyrl_worker_step"] >= STEP, name
-
-
-def scrape(ip: str, port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name.startswith("polyrl_worker_")
-    }
 
 
 def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_cleanly(

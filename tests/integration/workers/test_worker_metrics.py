@@ -4,10 +4,9 @@ with Prometheus's own text parser; the values follow the worker as it goes."""
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from tests import scrape as scraping
 
 from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.resources import RLJobSpec
@@ -18,14 +17,7 @@ from polyrl.workers.runtime import Runtime
 
 
 def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name.startswith("polyrl_worker_")
-    }
+    return scraping.worker_metrics(f"http://127.0.0.1:{port}/metrics")
 
 
 async def test_a_workers_figures_are_scraped_with_their_names_and_follow_its_heartbeats(
