@@ -90,6 +90,13 @@ def export(*args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def status_of(kubectl: Kubectl, ns: str, kind: str, name: str) -> dict[str, Any]:
+    """The object's status; empty while it does not exist."""
+    got = kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    found: dict[str, Any] = json.loads(got.stdout).get("status", {}) if got.returncode == 0 else {}
+    return found
+
+
 def check_model_left(
     kubectl: Kubectl, job: dict[str, Any], nats_job: str, version: int, tmp_path: Path
 ) -> None:
@@ -123,11 +130,7 @@ def test_a_short_job_survives_a_lost_trainer_pod_finishes_and_leaves_its_model(
     group = "short-solver"
 
     def status(kind: str, name: str) -> dict[str, Any]:
-        got = kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
-        found: dict[str, Any] = (
-            json.loads(got.stdout).get("status", {}) if got.returncode == 0 else {}
-        )
-        return found
+        return status_of(kubectl, ns, kind, name)
 
     with explained(kubectl, operator, logs):
         started = time.monotonic()
