@@ -4,6 +4,7 @@ user sets. `resources` re-exports them beside the specs."""
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from pydantic import Field
 
@@ -45,16 +46,26 @@ class PolicyStatus(ApiModel):
     )
 
 
-class RLJobStatus(ApiModel):
+def _conditions(which: str) -> Any:
+    return Field(
+        default_factory=list,
+        description=which,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class _Lifecycle(ApiModel):
+    """What both statuses start with: the phase, the conditions and the generation seen."""
+
     phase: Phase = Field(
         Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
     )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Ready, NatsReady, Stopped, ...",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
+    conditions: list[Condition] = _conditions("Conditions, metav1.Condition-style.")
     observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
+
+
+class RLJobStatus(_Lifecycle):
+    conditions: list[Condition] = _conditions("Ready, NatsReady, Stopped, ...")
     policies: list[PolicyStatus] = Field(default_factory=list, description="Per-policy progress.")
     policies_ready: str = Field(
         "0/0", description="Policies whose trainer and rollouts are ready, e.g. 2/2."
@@ -80,16 +91,8 @@ class RLJobStatus(ApiModel):
     )
 
 
-class PolicyGroupStatus(ApiModel):
-    phase: Phase = Field(
-        Phase.PENDING, description="Pending, Running, Suspended, Succeeded or Failed."
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Ready, TrainerHealthy, RolloutsReady, ...",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    observed_generation: int = Field(0, ge=0, description="The generation the status reflects.")
+class PolicyGroupStatus(_Lifecycle):
+    conditions: list[Condition] = _conditions("Ready, TrainerHealthy, RolloutsReady, ...")
     replicas: int = Field(
         0, ge=0, description="Active rollout pods (the scale subresource's status)."
     )
