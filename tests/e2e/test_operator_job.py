@@ -143,8 +143,19 @@ def check_metrics(running: list[dict[str, Any]]) -> None:
                 figures["polyrl_worker_requests_served"]
                 > first[name]["polyrl_worker_requests_served"]
             )
+            assert figures["polyrl_worker_sync_bytes"] > 0, name  # weights synced
+            assert 0 <= figures["polyrl_worker_changed_fraction"] <= 1, name
         if "-trainer-" in name:
             assert figures["polyrl_worker_step"] >= STEP, name
+            # every trained sample's age, one observation each
+            assert figures["polyrl_worker_staleness_count"] > 0, name
+
+
+def rolled_up(rljob: dict[str, Any]) -> bool:
+    policies = rljob.get("status", {}).get("policies", [])
+    return len(policies) == 2 and all(
+        p.get("syncBytes", 0) > 0 and p.get("tokensPerSecond", 0) > 0 for p in policies
+    )
 
 
 def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_cleanly(
@@ -179,6 +190,18 @@ def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_clean
             # Progress of the policy's step budget, and a time left once the trainer has a pace.
             assert re.fullmatch(r"\d+/\d+ \(\d+%\)", group["status"]["progress"]), group["status"]
             assert re.fullmatch(r"(\d+[dhms]){1,2}", group["status"]["eta"]), group["status"]
+            # How data and weights flow: the trainer's batch ages, the rollouts' last sync.
+            flow = group["status"]
+            assert 0 <= flow["stalenessP50"] <= flow["stalenessP95"], flow
+            assert flow["syncBytes"] > 0, flow
+            assert 0 <= flow["changedPercent"] <= 100, flow  # 0: a step that changed no bf16 bit
+            assert flow["tokensPerSecond"] > 0, flow
+            assert flow["queueDepth"] >= 0, flow
+        wait_for(
+            "the RLJob's per-policy figures rolled up from its groups",
+            lambda: rolled_up(kubectl.json("get", "rlj", job, "-n", real_ns)),
+            timeout=30,
+        )
         running = pods(kubectl, real_ns, job)
         assert len(running) == 5  # 2 trainers, 2 rollouts, 1 workflow runner
         check_metrics(running)

@@ -212,10 +212,14 @@ def schema_hashes() -> dict[str, str]:
     }
 
 
-def _col(name: str, path: str, type_: str = "string", description: str = "") -> dict[str, Any]:
+def _col(
+    name: str, path: str, type_: str = "string", description: str = "", *, wide: bool = False
+) -> dict[str, Any]:
     col: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
     if description:
         col["description"] = description
+    if wide:  # shown by `kubectl get -o wide` only
+        col["priority"] = 1
     return col
 
 
@@ -258,6 +262,11 @@ def policygroup_crd() -> dict[str, Any]:
         _col("Progress", ".status.progress", description="Trainer steps done of the budget"),
         _col("ETA", ".status.eta", description="Time left at the trainer's recent pace"),
         _col("Held-out", ".status.heldOut", "number", "The trainer's last held-out figure"),
+        _col("Tok/s", ".status.tokensPerSecond", "number", "Rollout throughput", wide=True),
+        _col("Queue", ".status.queueDepth", "integer", "Requests waiting", wide=True),
+        _col("Stale-p95", ".status.stalenessP95", "number", "Sample age p95", wide=True),
+        _col("Sync-s", ".status.syncSeconds", "number", "Last weight sync", wide=True),
+        _col("Changed-%", ".status.changedPercent", "number", "Last delta", wide=True),
         _col("Age", ".metadata.creationTimestamp", "date"),
     ]
     scale = {

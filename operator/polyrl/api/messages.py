@@ -74,6 +74,32 @@ class Heartbeat(ApiModel):
         description="Share of the time since start with nothing to do (rollout: no request; "
         "trainer: waiting for samples; workflow: waiting for weights in sync mode).",
     )
+    staleness_p50: float | None = Field(
+        None, ge=0, description="Trainer: median age, in weight versions, of its last batch."
+    )
+    staleness_p95: float | None = Field(
+        None, ge=0, description="Trainer: 95th percentile of its last batch's sample ages."
+    )
+    stale_dropped: int = Field(
+        0, ge=0, description="Trainer: samples dropped as older than maxStaleness, in all."
+    )
+    sync_seconds: float | None = Field(
+        None, ge=0, description="Rollout: seconds its last weight sync took (fetch and apply)."
+    )
+    sync_bytes: int | None = Field(
+        None, ge=0, description="Rollout: bytes its last weight sync read from the bucket."
+    )
+    changed_fraction: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Rollout: share of the weights' elements its last delta rewrote.",
+    )
+    queue_depth: int | None = Field(
+        None,
+        ge=0,
+        description="Rollout: requests of its policy waiting in the queue, not yet taken.",
+    )
     at: float = Field(description="Unix time the heartbeat was written.")
 
 

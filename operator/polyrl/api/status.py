@@ -24,7 +24,33 @@ class Phase(enum.StrEnum):
         return self in (Phase.SUCCEEDED, Phase.FAILED)
 
 
-class PolicyStatus(ApiModel):
+class _Flow(ApiModel):
+    """How data and weights flow for a policy, from its workers' heartbeats."""
+
+    staleness_p50: float | None = Field(
+        None, ge=0, description="Median age of the trainer's last batch, in weight versions."
+    )
+    staleness_p95: float | None = Field(
+        None, ge=0, description="95th percentile age of the trainer's last batch."
+    )
+    tokens_per_second: float | None = Field(
+        None, ge=0, description="Generation throughput of the running rollout pods, summed."
+    )
+    queue_depth: int | None = Field(
+        None, ge=0, description="Generation requests waiting for a rollout pod."
+    )
+    sync_seconds: float | None = Field(
+        None, ge=0, description="The last weight sync of a rollout pod: seconds."
+    )
+    sync_bytes: int | None = Field(
+        None, ge=0, description="The last weight sync of a rollout pod: bytes read."
+    )
+    changed_percent: float | None = Field(
+        None, ge=0, le=100, description="Share of the weights the last delta rewrote, in %."
+    )
+
+
+class PolicyStatus(_Flow):
     """Headline figures of one policy, from its PolicyGroups and worker heartbeats."""
 
     name: str = Field(description="Policy name.")
@@ -91,7 +117,7 @@ class RLJobStatus(_Lifecycle):
     )
 
 
-class PolicyGroupStatus(_Lifecycle):
+class PolicyGroupStatus(_Lifecycle, _Flow):
     conditions: list[Condition] = _conditions("Ready, TrainerHealthy, RolloutsReady, ...")
     replicas: int = Field(
         0, ge=0, description="Active rollout pods (the scale subresource's status)."

@@ -27,7 +27,7 @@ from polyrl.api.base import (
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
-from polyrl.operator import metrics, progress, render, report, scaling
+from polyrl.operator import flow, metrics, progress, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.podinfo import PodInfo
 
@@ -499,6 +499,9 @@ def _heartbeat_figures(p: Pass) -> None:
         p.status.held_out = round(held[0], 4) if held else p.status.held_out
         paces = [hb.step_seconds for hb in trainers if hb.step_seconds]
         p.status.step_seconds = round(paces[0], 3) if paces else p.status.step_seconds
+    running = {x.name for x in p.pods if x.role == Role.ROLLOUT.value and x.active}
+    for key, value in flow.group_figures(mine, running).items():
+        setattr(p.status, key, value)
     _progress(p)
 
 

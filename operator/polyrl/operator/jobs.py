@@ -33,7 +33,7 @@ from polyrl.api.resources import (
     RLJobStatus,
     WhenDeleted,
 )
-from polyrl.operator import metrics, progress, render, report, scaling
+from polyrl.operator import flow, metrics, progress, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.natshub import NatsUnavailable
 from polyrl.operator.podinfo import PodInfo
@@ -265,6 +265,7 @@ def _policy_status(
         trainer_ready=trainer_ready,
         completed=completed,
         output=plan.checkpoint_output(job, policy),
+        **flow.policy_figures([g.status for g in mine], owned.status if owned else None),
     )
 
 

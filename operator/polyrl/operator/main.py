@@ -160,6 +160,8 @@ async def group_loop(
         service = (namespace, naming.trainer_service(name)) in services_index
         await groups.reconcile(memo.ctx, body, pods, job, has_service=service)
         metrics.observe_pods(("group", namespace, name), pods)
+        replicas = groups.load(body).spec.rollout.replicas
+        metrics.observe_scale(("group", namespace, name), desired=replicas, pods=pods)
 
     await _loop(memo.ctx, "group", namespace, name, stopped, logger, step)
 

@@ -108,12 +108,22 @@ def deltas(first: int, last: int) -> list[str]:
     return [delta_name(v - 1, v) for v in range(first, last + 1)]
 
 
+def changed_elements(a: State, b: State) -> int:
+    return sum(int((a[k].view(torch.int16) != b[k].view(torch.int16)).sum()) for k in b)
+
+
 async def test_a_replica_three_behind_applies_the_chain_bit_identically(job: Job) -> None:
     sync = job.replica(9)
     report = await sync.to(LATEST)
     assert report.applied == deltas(10, 12)
     assert (sync.version, sync.refusals) == (LATEST, 0)
     assert identical(sync.state, job.versions[LATEST])
+    # What the report says the deltas rewrote is what changed between the versions, bit for bit.
+    v = job.versions
+    assert report.changed == sum(changed_elements(v[i - 1], v[i]) for i in range(10, 13))
+    assert report.elements == 3 * sum(t.numel() for t in v[0].values())
+    assert report.changed_fraction is not None
+    assert 0.15 < report.changed_fraction < 0.3
 
 
 async def test_a_replica_ten_behind_jumps_to_the_keyframe(job: Job) -> None:
@@ -129,6 +139,8 @@ async def test_a_new_replica_starts_from_the_latest_keyframe(job: Job) -> None:
     assert report.applied == [keyframe_name(10), *deltas(11, 12)]
     assert identical(sync.state, job.versions[LATEST])
     assert (await sync.to(LATEST)).applied == []
+    keyframe_only = await job.replica(None).to(10)
+    assert (keyframe_only.applied, keyframe_only.changed_fraction) == ([keyframe_name(10)], None)
 
 
 async def test_the_latest_announcement_is_the_delta_and_following_it_skips_the_listing(

@@ -38,8 +38,12 @@ async def test_a_workers_figures_are_scraped_with_their_names_and_follow_its_hea
         rt.figures = {"requests_served": 3, "weight_version": 2, "tokens_per_second": 120.5}
         await rt.beat()
         first = await asyncio.to_thread(scrape, port)
-        rt.figures = {"requests_served": 10, "weight_version": 5, "tokens_per_second": 80.0}
+        rt.figures = {"requests_served": 10, "weight_version": 5, "tokens_per_second": 80.0,
+                      "sync_seconds": 0.25, "sync_bytes": 4096, "changed_fraction": 0.01,
+                      "queue_depth": 12}  # fmt: skip
         rt.dead_letters = 1
+        assert rt.exported is not None
+        rt.exported.observe_staleness({0: 3, 2: 1})
         await rt.beat()
         second = await asyncio.to_thread(scrape, port)
     finally:
@@ -57,6 +61,13 @@ async def test_a_workers_figures_are_scraped_with_their_names_and_follow_its_hea
     )
     assert second["polyrl_worker_tokens_per_second"] == 80.0
     assert (first["polyrl_worker_dead_letters"], second["polyrl_worker_dead_letters"]) == (0, 1)
+    assert (first["polyrl_worker_sync_bytes"], second["polyrl_worker_sync_bytes"]) == (0, 4096)
+    assert second["polyrl_worker_queue_depth"] == 12
+    assert second["polyrl_worker_changed_fraction"] == 0.01
+    assert (first["polyrl_worker_staleness_count"], second["polyrl_worker_staleness_count"]) == (
+        0, 4,
+    )  # fmt: skip
+    assert second["polyrl_worker_staleness_sum"] == 2.0
 
 
 def test_a_port_that_cannot_be_had_leaves_the_worker_without_metrics_not_stopped(

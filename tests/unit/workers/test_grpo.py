@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from polyrl.workers.batching import Sample, assign_advantages, collate, token_logprobs
 from polyrl.workers.grpo import (
     age_histogram,
+    age_quantile,
     filter_stale,
     group_advantages,
     grpo_loss,
@@ -312,6 +313,17 @@ def test_filter_stale_drops_exactly_the_stale_samples_and_counts_them() -> None:
     assert [s.name for s in on_policy] == ["a"]
     assert dropped_all_but_one == 4
     assert age_histogram(samples, current_version=10) == {0: 1, 1: 1, 2: 1, 3: 1, 7: 1}
+
+
+def test_age_quantiles_are_nearest_rank_over_the_histogram() -> None:
+    ages = {0: 10, 1: 7, 2: 2, 5: 1}  # 20 samples
+    assert [age_quantile(ages, q) for q in (0.0, 0.5, 0.85, 0.9, 0.95, 1.0)] == [
+        0.0, 0.0, 1.0, 2.0, 2.0, 5.0,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="no samples"):
+        age_quantile({}, 0.5)
+    with pytest.raises(ValueError, match="quantile"):
+        age_quantile(ages, 1.5)
 
 
 def test_filter_stale_accepts_trajectory_samples() -> None:

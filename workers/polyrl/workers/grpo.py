@@ -30,6 +30,7 @@ from torch import Tensor
 
 __all__ = [
     "age_histogram",
+    "age_quantile",
     "filter_stale",
     "group_advantages",
     "grpo_loss",
@@ -127,6 +128,23 @@ def age_histogram(samples: Iterable[Versioned], *, current_version: int) -> dict
     """
     ages = Counter(max(0, current_version - s.weight_version) for s in samples)
     return dict(sorted(ages.items()))
+
+
+def age_quantile(ages: Mapping[int, int], q: float) -> float:
+    """The `q` quantile (0..1) of an age histogram, nearest rank: the staleness p50 and p95
+    shown in status, read from one batch's histogram without keeping its samples."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile must be in [0, 1], got {q}")
+    total = sum(ages.values())
+    if total == 0:
+        raise ValueError("no samples")
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for age, count in sorted(ages.items()):
+        seen += count
+        if seen >= rank:
+            return float(age)
+    raise AssertionError("unreachable: the ranks cover the histogram")
 
 
 # --- loss -------------------------------------------------------------------------------------

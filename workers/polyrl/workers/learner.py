@@ -57,6 +57,7 @@ class Trainer:
         self.checkpoint_dir = workdir / "checkpoint"
         self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
         self.reference: torch.nn.Module | None = None  # see `freeze_reference`
+        self.last_ages: dict[int, int] = {}  # the last batch's samples by age, in versions
 
     def save(self) -> None:
         checkpoint.save(
@@ -119,6 +120,9 @@ class Trainer:
         ages = grpo.age_histogram(samples, current_version=self.state.version)
         stats["staleness"] = sum(age * n for age, n in ages.items()) / len(samples)
         stats |= {f"staleness_{age}": n / len(samples) for age, n in ages.items()}
+        stats["staleness_p50"] = grpo.age_quantile(ages, 0.5)
+        stats["staleness_p95"] = grpo.age_quantile(ages, 0.95)
+        self.last_ages = ages  # for the Prometheus histogram (`worker_metrics`)
         return stats
 
     def _update(

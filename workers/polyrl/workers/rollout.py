@@ -29,6 +29,7 @@ from polyrl.workers.engines.base import Engine, SamplingParams
 from polyrl.workers.runtime import Runtime
 
 log = logging.getLogger("polyrl.rollout")
+QUEUE_DEPTH_SECONDS = 2.0
 
 
 class Tokenizer(Protocol):
@@ -48,6 +49,10 @@ class WeightSource(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The last weight sync's figures for the heartbeat (`Heartbeat.sync_seconds`, ...)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class RolloutWorker:
         self.in_flight = 0
         self.tokens = 0
         self.busy = 0.0  # seconds spent generating
+        self.queue_depth: int | None = None
+        self.depth_read = -QUEUE_DEPTH_SECONDS
 
     def _max_batch(self) -> int:
         policy = self.rt.config.spec.policy(self.policy)
@@ -118,6 +125,7 @@ class RolloutWorker:
         try:
             while not (self.draining.is_set() or self.rt.stopping.is_set()):
                 await self._refresh_weights()
+                await self._read_queue_depth(sub)
                 batch = await self._fetch(sub)
                 if batch:
                     await self._serve(batch)
@@ -226,7 +234,12 @@ class RolloutWorker:
             return
         version = await self.weights.update(self.engine)
         if version is not None:
-            log.info("serving weight version %d", version)
+            sync = self.weights.figures()
+            log.info(
+                "serving weight version %d (synced in %.3fs, %s bytes, %s of the weights changed)",
+                version, sync.get("sync_seconds") or 0.0, sync.get("sync_bytes"),
+                _percent(sync.get("changed_fraction")),
+            )  # fmt: skip
 
     def _figures(self, elapsed: float) -> None:
         self.rt.figures = {
@@ -235,7 +248,19 @@ class RolloutWorker:
             "in_flight": self.in_flight,
             "tokens_per_second": self.tokens / elapsed if elapsed > 0 else 0.0,
             "idle_fraction": max(0.0, 1 - self.busy / elapsed) if elapsed > 0 else None,
+            "queue_depth": self.queue_depth,
+            **(self.weights.figures() if self.weights is not None else {}),
         }
+
+    async def _read_queue_depth(self, sub: Any) -> None:
+        """Requests waiting for any replica (the consumer's pending count, what an
+        autoscaler scales on), read once per heartbeat period, not per fetch."""
+        now = time.monotonic()
+        if now - self.depth_read < QUEUE_DEPTH_SECONDS:
+            return
+        self.depth_read = now
+        with contextlib.suppress(Exception):  # a figure, not worth failing a fetch for
+            self.queue_depth = (await sub.consumer_info()).num_pending
 
     async def _on_drain(self, msg: Msg) -> None:
         try:
@@ -273,3 +298,8 @@ def _by_params(batch: list[Pending]) -> dict[tuple[float, int], list[Pending]]:
         key = (pending.request.temperature, pending.request.max_new_tokens)
         groups.setdefault(key, []).append(pending)
     return groups
+
+
+def _percent(fraction: float | int | None) -> str:
+    """A share for the log: 0.0123 -> '1.23%', None (a keyframe) -> 'all'."""
+    return "all" if fraction is None else f"{100 * fraction:.3g}%"

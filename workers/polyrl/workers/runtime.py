@@ -199,7 +199,7 @@ class Runtime:
     async def heartbeat_forever(self) -> None:
         """Beat every HEARTBEAT_SECONDS; serve the figures to Prometheus too, if asked to."""
         if self.exported is None:
-            self.exported = worker_metrics.from_env()
+            self.exported = worker_metrics.from_env(str(self.config.role), self.config.policy or "")
         while True:
             await self.beat()
             await asyncio.sleep(HEARTBEAT_SECONDS)

@@ -118,6 +118,7 @@ class Leader:
         self.encoder = ProcessEncoder()
         self.started = time.monotonic()  # reset once training starts (after the warm-up)
         self.waited = 0.0
+        self.stale_dropped = 0  # samples dropped as too old, since this trainer started
         self.metrics = MetricsLog.from_env()
         spec = rt.config.spec
         self.scorer = Scorer(
@@ -236,13 +237,19 @@ class Leader:
         # step (an evaluation) moves it little.
         pace = self.rt.figures.get("step_seconds")
         wall = seconds + stats.get("wait_seconds", 0.0)
+        self.stale_dropped += dropped
         self.rt.figures |= {  # held_out stays as the last evaluation left it
             "step": state.step,
             "weight_version": state.version,
             "reward": stats.get("reward"),
             "idle_fraction": min(1.0, self.waited / elapsed) if elapsed > 0 else None,
             "step_seconds": round(wall if pace is None else 0.8 * pace + 0.2 * wall, 3),
+            "staleness_p50": stats.get("staleness_p50"),
+            "staleness_p95": stats.get("staleness_p95"),
+            "stale_dropped": self.stale_dropped,
         }
+        if self.rt.exported is not None:
+            self.rt.exported.observe_staleness(self.trainer.last_ages)
         self.write_metrics(
             {
                 "step": state.step,

@@ -10,13 +10,14 @@ copy is pushed with `load_weights`. Only verified weights ever reach the engine.
 from __future__ import annotations
 
 import logging
+import time
 
 from nats.js import JetStreamContext
 
 from polyrl.api.naming import JobNames
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.deltas.sync import SyncFailed, WeightSync
+from polyrl.workers.deltas.sync import SyncFailed, SyncReport, WeightSync
 from polyrl.workers.engines.base import Engine
 
 log = logging.getLogger("polyrl.weights")
@@ -30,6 +31,7 @@ class EngineWeights:
         self.sync = WeightSync(store)
         self.attached = False  # sync.state is the engine's own tensors
         self.failures = 0
+        self.last: SyncReport | None = None  # the last sync that reached its version
 
     async def close(self) -> None:
         await self.sync.store.close()
@@ -44,7 +46,7 @@ class EngineWeights:
         if latest is None or (latest.version, latest.epoch) == (self.sync.version, self.sync.epoch):
             return None
         try:
-            await self.sync.follow(latest)
+            report = await self.sync.follow(latest)
         except SyncFailed as err:
             self.failures += 1
             log.warning(
@@ -54,9 +56,22 @@ class EngineWeights:
                 err,
             )
             return None
+        started = time.perf_counter()
         self._push(engine)
+        report.seconds += time.perf_counter() - started  # what it cost the engine, too
+        self.last = report
         engine.version = self.sync.version or 0
         return engine.version
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The last sync for the heartbeat: seconds, bytes read, share of weights rewritten."""
+        if self.last is None:
+            return {}
+        return {
+            "sync_seconds": round(self.last.seconds, 4),
+            "sync_bytes": self.last.bytes,
+            "changed_fraction": self.last.changed_fraction,
+        }
 
     def _push(self, engine: Engine) -> None:
         if self.attached:

@@ -20,14 +20,22 @@ never disagree. A local run (`polyrl run`) sets no port: its figures are in metr
 | `polyrl_worker_dropped_prompts` | episodes dropped: prompt too long or refused (runner) |
 | `polyrl_worker_dropped_samples` | samples dropped: their reward failed (runner) |
 | `polyrl_worker_dead_letters` | messages this worker could not parse |
+| `polyrl_worker_staleness_p50`, `_p95` | the trainer's last batch: sample age in versions |
+| `polyrl_worker_stale_dropped` | samples the trainer dropped as older than maxStaleness |
+| `polyrl_worker_sync_seconds` | the rollout's last weight sync: seconds (fetch and apply) |
+| `polyrl_worker_sync_bytes` | the rollout's last weight sync: bytes read |
+| `polyrl_worker_changed_fraction` | share of the weights the last delta rewrote |
+| `polyrl_worker_queue_depth` | requests of the policy waiting, not yet taken |
+| `polyrl_worker_staleness` (histogram) | age of every trained sample, in weight versions |
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
 from polyrl.api.messages import Heartbeat
 
@@ -46,22 +54,40 @@ FIGURES = {
     "dropped_prompts": "episodes dropped: prompt too long or refused",
     "dropped_samples": "samples dropped: their reward failed",
     "dead_letters": "messages this worker could not parse",
+    "staleness_p50": "median sample age of the trainer's last batch, in weight versions",
+    "staleness_p95": "95th percentile sample age of the trainer's last batch",
+    "stale_dropped": "samples the trainer dropped as older than maxStaleness",
+    "sync_seconds": "seconds the last weight sync took (fetch and apply)",
+    "sync_bytes": "bytes the last weight sync read",
+    "changed_fraction": "share of the weights' elements the last delta rewrote",
+    "queue_depth": "requests of the policy waiting in its queue, not yet taken",
 }
+# Sample ages in weight versions: maxStaleness is rarely above 8.
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 
 
 class WorkerMetrics:
-    """The gauges of one worker process, in a registry of their own."""
+    """The gauges of one worker process, in a registry of their own. Every series carries
+    `role` and `policy` labels, so that dashboards can sum and split by them (Prometheus adds
+    `namespace` and `pod` from the scrape target)."""
 
-    def __init__(self) -> None:
+    def __init__(self, role: str = "", policy: str = "") -> None:
         self.registry = CollectorRegistry()
         self.info = Gauge(
             "polyrl_worker_info", "1, labelled with who this worker is", ["role", "policy", "pod"],
             registry=self.registry,
         )  # fmt: skip
+        labels = {"role": role, "policy": policy}
         self.gauges = {
-            field: Gauge(f"polyrl_worker_{field}", text, registry=self.registry)
+            field: Gauge(
+                f"polyrl_worker_{field}", text, list(labels), registry=self.registry
+            ).labels(**labels)
             for field, text in FIGURES.items()
         }
+        self.staleness = Histogram(
+            "polyrl_worker_staleness", "age of each trained sample, in weight versions",
+            list(labels), buckets=STALENESS_BUCKETS, registry=self.registry,
+        ).labels(**labels)  # fmt: skip
 
     def observe(self, beat: Heartbeat) -> None:
         self.info.labels(beat.role, beat.policy or "", beat.pod).set(1)
@@ -70,17 +96,23 @@ class WorkerMetrics:
             if value is not None:
                 gauge.set(float(value))
 
+    def observe_staleness(self, ages: Mapping[int, int]) -> None:
+        """A trained batch's samples, counted by age (`grpo.age_histogram`)."""
+        for age, count in ages.items():
+            for _ in range(count):
+                self.staleness.observe(age)
+
     def serve(self, port: int) -> None:
         start_http_server(port, addr="0.0.0.0", registry=self.registry)
 
 
-def from_env() -> WorkerMetrics | None:
+def from_env(role: str = "", policy: str = "") -> WorkerMetrics | None:
     """Metrics served on $POLYRL_METRICS_PORT; None where it is not set, or where the port
     cannot be had (a warning: metrics are not worth stopping a worker for)."""
     port = os.environ.get(PORT_ENV)
     if not port:
         return None
-    metrics = WorkerMetrics()
+    metrics = WorkerMetrics(role, policy)
     try:
         metrics.serve(int(port))
     except (OSError, ValueError) as err:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 
 import torch
 
-from polyrl.workers.deltas import chain, decode, errors
+from polyrl.workers.deltas import chain, decode, errors, format
 from polyrl.workers.deltas.announce import ObjectKind, WeightAnnouncement
 from polyrl.workers.deltas.store import WeightObjectError, WeightStore
 
@@ -46,6 +47,13 @@ class SyncReport:
     bytes: int
     seconds: float
     refused: list[str]
+    changed: int = 0  # elements the applied deltas rewrote (keyframes not counted)
+    elements: int = 0  # elements the applied deltas cover
+
+    @property
+    def changed_fraction(self) -> float | None:
+        """Share of the weights the applied deltas rewrote; None after keyframes alone."""
+        return self.changed / self.elements if self.elements else None
 
 
 class WeightSync:
@@ -123,9 +131,12 @@ class WeightSync:
                     blob = await fetching
                     following = plan[i + 1] if i + 1 < len(plan) else None
                     fetching = asyncio.create_task(self.store.get(following)) if following else None
-                    await asyncio.to_thread(self._apply, name, blob)
+                    header = await asyncio.to_thread(self._apply, name, blob)
                 except (errors.DeltaError, WeightObjectError) as err:
                     raise _Refused(name, err) from err
+                if not header.is_keyframe:
+                    report.changed += sum(map(_rewritten, header.tensors))
+                    report.elements += sum(math.prod(t.shape) for t in header.tensors)
                 report.applied.append(name)
                 report.bytes += len(blob)
         finally:
@@ -133,7 +144,7 @@ class WeightSync:
                 fetching.cancel()
                 await asyncio.gather(fetching, return_exceptions=True)
 
-    def _apply(self, name: str, blob: memoryview) -> None:
+    def _apply(self, name: str, blob: memoryview) -> format.Header:
         expected = chain.parse(name)
         if self.state is None:
             header, self.state = decode.load_keyframe(blob, self.workers)
@@ -144,6 +155,14 @@ class WeightSync:
         self.version = header.new_version  # verified weights of this version, whatever the name
         if expected is None or header.new_version != expected.version:
             raise errors.CorruptDelta(f"{name} holds version {header.new_version}")
+        return header
+
+
+def _rewritten(entry: format.TensorEntry) -> int:
+    """Elements a delta entry rewrites: its changed ones (sparse), all of them (whole)."""
+    if entry.kind is format.Kind.SPARSE:
+        return entry.count
+    return math.prod(entry.shape) if entry.kind is format.Kind.WHOLE else 0
 
 
 class _Refused(Exception):
