@@ -6,6 +6,7 @@ whose node agent marks the operator pod Running and Ready (the image is never pu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from polyrl.api import naming
 from polyrl.testing import charts
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl
@@ -141,7 +143,10 @@ def test_the_chart_renders_one_operator_deployment_with_one_replica_and_recreate
     container = only([{"kind": "c", **c} for c in pod["containers"]], "c")
     assert container["image"] == "ghcr.io/polyrl/operator:0.1.0"
     assert container["command"] == ["polyrl", "operator", "--all-namespaces"]
-    assert container["args"] == ["--liveness", "http://0.0.0.0:8080/healthz"]
+    assert container["args"] == [
+        "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9300",
+    ]  # fmt: skip
+    assert {"name": "metrics", "containerPort": 9300, "protocol": "TCP"} in container["ports"]
     probe = container["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
@@ -162,6 +167,7 @@ def test_the_chart_renders_one_operator_deployment_with_one_replica_and_recreate
         "ClusterRoleBinding",
         "Deployment",
         "ClusterKopfPeering",
+        "Service",  # the operator's metrics
     }
 
 
@@ -208,9 +214,12 @@ def test_cluster_wide_names_are_release_specific(helm_binary: Path) -> None:
 def test_deploying_nats_adds_a_statefulset_and_points_the_operator_at_it(
     helm_binary: Path,
 ) -> None:
-    assert not [o for o in render(helm_binary) if o["kind"] in ("StatefulSet", "Service")]
+    assert not [o for o in render(helm_binary) if o["kind"] == "StatefulSet"]
     objects = render(
-        helm_binary, {"nats": {"deploy": True, "storage": "3Gi"}}, release="demo", namespace="ml"
+        helm_binary,
+        {"nats": {"deploy": True, "storage": "3Gi"}, "metrics": {"port": 0}},
+        release="demo",
+        namespace="ml",
     )
     nats = only(objects, "StatefulSet")
     service = only(objects, "Service")
@@ -259,6 +268,149 @@ def test_the_worker_image_and_image_tag_are_passed_through(helm_binary: Path) ->
     assert pod["serviceAccountName"] == "robot"
     assert only(objects, "ServiceAccount")["metadata"]["name"] == "robot"
     assert only(objects, "ClusterRoleBinding")["subjects"][0]["name"] == "robot"
+
+
+# --- metrics and network policy ------------------------------------------------------
+
+
+def test_metrics_are_served_on_a_port_a_service_names_and_can_be_turned_off(
+    helm_binary: Path,
+) -> None:
+    objects = render(helm_binary)
+    service = only(objects, "Service")
+    assert service["metadata"]["name"] == "polyrl-operator-metrics"
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9300, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod = only(objects, "Deployment")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    off = render(helm_binary, {"metrics": {"port": 0}})
+    assert not [o for o in off if o["kind"] == "Service"]
+    container = only(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--metrics-port" not in container["args"]
+    assert [p["name"] for p in container["ports"]] == ["http"]
+
+
+def test_monitors_and_the_dashboard_are_optional_and_scrape_every_worker(
+    helm_binary: Path,
+) -> None:
+    assert not [
+        o for o in render(helm_binary) if o["kind"] in ("ServiceMonitor", "PodMonitor", "ConfigMap")
+    ]
+    values = {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}, "interval": "15s"},
+            "dashboard": {"enabled": True},
+        }
+    }
+    objects = render(helm_binary, values)
+    monitor, workers = only(objects, "ServiceMonitor"), only(objects, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == workers["metadata"]["labels"]["release"]
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "interval": "15s"}]
+    service = only(objects, "Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    # Worker pods in every namespace, by the label and port the operator gives them.
+    assert workers["spec"]["namespaceSelector"] == {"any": True}
+    assert workers["spec"]["selector"]["matchLabels"] == {naming.L_MANAGED_BY: naming.MANAGED_BY}
+    assert workers["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    dashboard = only(objects, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = (CHART / "dashboards" / "polyrl.json").read_text()
+    assert json.loads(dashboard["data"]["polyrl.json"]) == json.loads(shipped)
+
+
+def policies(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o["spec"]
+        for o in objects
+        if o["kind"] == "NetworkPolicy"
+    }
+
+
+def test_network_policies_are_off_by_default_and_per_job_namespace_when_on(
+    helm_binary: Path,
+) -> None:
+    assert not policies(render(helm_binary))
+    values = {"networkPolicy": {"enabled": True, "jobNamespaces": ["team-a", "team-b"]}}
+    found = policies(render(helm_binary, values))
+    assert set(found) == {
+        ("team-a", "polyrl-workers"), ("team-a", "polyrl-trainer-gang"),
+        ("team-b", "polyrl-workers"), ("team-b", "polyrl-trainer-gang"),
+        ("polyrl-system", "polyrl-operator"),
+    }  # fmt: skip
+    workers = found[("team-a", "polyrl-workers")]
+    assert workers["podSelector"] == {"matchLabels": {naming.L_MANAGED_BY: naming.MANAGED_BY}}
+    assert workers["policyTypes"] == ["Ingress", "Egress"]
+    # Egress: NATS and DNS, nothing else.
+    nats, dns = workers["egress"]
+    assert nats["ports"] == [{"port": 4222, "protocol": "TCP"}]
+    assert nats["to"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "nats"}}
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    # Ingress: the metrics port, from the Prometheus selector only.
+    (scrape,) = workers["ingress"]
+    assert scrape["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert scrape["from"][0]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "prometheus"}
+    }
+    # Trainer ranks reach each other, and only trainer ranks.
+    gang = found[("team-a", "polyrl-trainer-gang")]
+    trainers = {"matchLabels": {naming.L_MANAGED_BY: naming.MANAGED_BY, naming.L_ROLE: "trainer"}}
+    assert gang["podSelector"] == trainers
+    assert gang["ingress"] == [{"from": [{"podSelector": trainers}]}]
+    assert gang["egress"] == [{"to": [{"podSelector": trainers}]}]
+    operator = found[("polyrl-system", "polyrl-operator")]
+    assert {p["port"] for p in operator["egress"][0]["ports"]} == {443, 6443}
+
+
+def test_with_the_charts_nats_the_policies_point_at_it_and_it_admits_only_polyrl(
+    helm_binary: Path,
+) -> None:
+    values = {
+        "nats": {"deploy": True},
+        "networkPolicy": {
+            "enabled": True,
+            "jobNamespaces": ["team-a"],
+            # Helm merges maps with the defaults: null drops a default key.
+            "prometheus": {
+                "namespaceSelector": {"matchLabels": None},
+                "podSelector": {"matchLabels": {"p": "1", "app.kubernetes.io/name": None}},
+            },
+        },
+    }
+    objects = render(helm_binary, values, release="demo", namespace="ml")
+    found = policies(objects)
+    nats_pod = only(objects, "StatefulSet")["spec"]["selector"]["matchLabels"]
+    egress = found[("team-a", "demo-polyrl-workers")]["egress"][0]["to"][0]
+    assert egress == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml"}},
+        "podSelector": {"matchLabels": nats_pod},
+    }
+    ingress = found[("ml", "demo-nats")]["ingress"][0]
+    assert ingress["ports"] == [{"port": 4222, "protocol": "TCP"}]
+    assert ingress["from"][1] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}},
+        "podSelector": {"matchLabels": {naming.L_MANAGED_BY: naming.MANAGED_BY}},
+    }
+    scrape = found[("team-a", "demo-polyrl-workers")]["ingress"][0]["from"][0]
+    assert scrape == {"namespaceSelector": {}, "podSelector": {"matchLabels": {"p": "1"}}}
+
+
+def test_the_api_server_accepts_the_network_policies(
+    helm_binary: Path, kubectl: Kubectl, namespace: str
+) -> None:
+    values = {
+        "nats": {"deploy": True},
+        "networkPolicy": {"enabled": True, "jobNamespaces": [namespace]},
+    }
+    objects = render(helm_binary, values, namespace=namespace)
+    made = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert len(made) == 4
+    text = yaml.safe_dump_all(made)
+    proc = kubectl("create", "--dry-run=server", "-f", "-", input=text, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("networkpolicy.networking.k8s.io") == 4, proc.stdout
 
 
 # --- manifests/ -------------------------------------------------------------------------
