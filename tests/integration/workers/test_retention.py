@@ -13,6 +13,7 @@ import uuid
 import nats
 import pytest
 from nats.js.api import KeyValueConfig
+from nats.js.errors import APIError
 from nats.js.kv import KeyValue
 from tests.integration.workers.test_weight_sync import identical, trainer_versions, weights_only
 
@@ -41,7 +42,11 @@ async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_
     versions = trainer_versions(VERSIONS, changed=0.05)
     publisher = WeightPublisher(store, names, POLICY, keyframe_every=EVERY)
     live, away = WeightSync(store), WeightSync(store)
-    most = 0
+    model_bytes = sum(t.numel() * 2 for t in versions[0].values())
+    # The limit the trainer sets: publishing beyond it would fail, so the run shows it holds.
+    limit = natsconfig.weights_bucket_messages(model_bytes, store.chunk_size, EVERY)
+    await natsconfig.bound_weights(js, names, POLICY, limit)
+    most = most_messages = 0
     try:
         for version, state in enumerate(versions):
             await publisher.publish(state)
@@ -59,6 +64,8 @@ async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_
             oldest = keyframes[0]
             assert all(o is not None and o.version >= oldest for o in held), version
             most = max(most, len(held))
+            info = await js.stream_info(f"OBJ_{names.weights_bucket(POLICY)}")
+            most_messages = max(most_messages, info.state.messages)
             if version == AWAY[1]:
                 report = await away.to(version)  # back after 100 versions
                 assert report.applied[0] == chain.keyframe_name(version - version % EVERY)
@@ -66,6 +73,8 @@ async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_
         assert identical(live.state, versions[-1])
         # Two keyframes, the deltas from the older to the latest, one in flight: 2 + 2*20 + 1.
         assert most <= 2 + 2 * EVERY + 1, most
+        print(f"bucket: at most {most} objects, {most_messages} messages of {limit} allowed")
+        assert most_messages <= limit
     finally:
         await store.close()
         await natsconfig.remove(js, names, [POLICY])
@@ -79,3 +88,55 @@ async def beat(kv: KeyValue, pod: str, version: int) -> None:
     await kv.put(
         JobNames.heartbeat_key(POLICY, "rollout", pod), heartbeat.model_dump_json().encode()
     )
+
+
+async def test_a_full_weights_bucket_refuses_a_publish_and_keeps_its_bound(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    names = JobNames(namespace="test", job=f"full-{uuid.uuid4().hex[:8]}")
+    store = await weights_only(js, names)
+    versions = trainer_versions(3, changed=0.05)
+    publisher = WeightPublisher(store, names, POLICY, keyframe_every=EVERY)
+    try:
+        await natsconfig.bound_weights(js, names, POLICY, 4)  # fewer than a keyframe's 6 chunks
+        with pytest.raises(APIError) as refused:
+            await publisher.publish(versions[0])
+        assert natsconfig.is_full(refused.value)
+        # Whoever ensures the job's streams later finds the bucket as its trainer bounded it.
+        await natsconfig.ensure(js, names, [POLICY])
+        info = await js.stream_info(f"OBJ_{names.weights_bucket(POLICY)}")
+        assert info.config.max_msgs == 4
+    finally:
+        await store.close()
+        await natsconfig.remove(js, names, [POLICY])
+        await nc.close()
+
+
+async def test_a_full_request_queue_refuses_new_requests_and_keeps_the_waiting_ones(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    names = JobNames(namespace="test", job=f"queue-{uuid.uuid4().hex[:8]}")
+    (requests,) = [
+        c for c in natsconfig.streams(names, [POLICY]) if c.name == names.requests_stream(POLICY)
+    ]
+    assert (requests.max_msgs, requests.max_age) == (
+        natsconfig.REQUEST_CAP, natsconfig.REQUEST_MAX_AGE,
+    )  # fmt: skip
+    requests.max_msgs = 3  # the real config, at a size a test can fill
+    await js.add_stream(requests)
+    subject = names.requests_subject(POLICY)
+    try:
+        for i in range(3):
+            await js.publish(subject, f"r{i}".encode())
+        with pytest.raises(APIError) as refused:
+            await js.publish(subject, b"r3")
+        assert natsconfig.is_full(refused.value)
+        sub = await js.pull_subscribe(subject, durable="rollout", stream=requests.name)
+        assert [m.data for m in await sub.fetch(3, timeout=2)] == [b"r0", b"r1", b"r2"]
+    finally:
+        await js.delete_stream(requests.name or "")
+        await nc.close()

@@ -30,7 +30,7 @@ from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.reward_health import RewardsFailing
 from polyrl.workers.roles import FunctionWorkflow
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.runtime import Runtime, StorageFull
 from polyrl.workers.tasks import load_task
 from polyrl.workers.tasks.rewards import RewardFailed
 from polyrl.workers.workflow_runner import WorkflowRunner
@@ -513,3 +513,28 @@ async def test_a_reward_failing_on_every_sample_stops_the_runner_as_invalid_inpu
     assert "raised KeyError('answer')" in str(error)
     assert runner.dropped_samples >= 12
     assert runner.reward_health.scored == 0
+
+
+async def test_a_full_request_queue_stops_the_runner_saying_so_instead_of_hanging(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single")
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await natsconfig.ensure(js, names, ["solver"])
+    runtimes, tasks, runner = await start_workers(nats_server.url, js, names, job, tmp_path)
+    # Then the queue has no room for even one request (its real limit: REQUEST_CAP requests).
+    config = (await js.stream_info(names.requests_stream("solver"))).config
+    config.max_bytes = 1
+    await js.update_stream(config)
+    try:
+        done, _ = await asyncio.wait([tasks[-1]], timeout=60)
+        assert done, "the runner went on with a request queue that takes nothing"
+        error = tasks[-1].exception()
+    finally:
+        await stop_workers(runtimes, tasks)
+        await nc.close()
+    assert isinstance(error, StorageFull)
+    assert "request queue of policy 'solver' is full" in str(error)
+    assert runner.fatal is error

@@ -109,6 +109,12 @@ class Unavailable(RuntimeError):
     """Something the worker needs is not there yet (NATS): worth another try later."""
 
 
+class StorageFull(Unavailable):
+    """A stream or bucket is at its limit (`natsconfig`): the worker stops and says which and
+    why, so that the job shows it in a condition instead of hanging; a later try may pass
+    once a consumer catches up."""
+
+
 def fail(prog: str, err: Exception) -> int:
     """Report why this worker stops, on stderr and in its termination message (what the
     operator quotes in its conditions, and `polyrl run` prints), and its exit status."""

@@ -22,8 +22,10 @@ import uuid
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js.errors import APIError
 from pydantic import ValidationError
 
+from polyrl.api import natsconfig
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import Mode, UniformGroups
@@ -36,7 +38,7 @@ from polyrl.workers.policy_tokenizers import Tokenizers
 from polyrl.workers.prompts import PromptError
 from polyrl.workers.reward_health import RewardHealth, RewardsFailing
 from polyrl.workers.roles import Reports, Workflow
-from polyrl.workers.runtime import MetricsLog, Runtime
+from polyrl.workers.runtime import MetricsLog, Runtime, StorageFull
 from polyrl.workers.syncmode import RoundGate, per_runner_need
 
 log = logging.getLogger("polyrl.workflow")
@@ -235,6 +237,13 @@ class WorkflowRunner:
         if self.fatal is not None:
             raise self.fatal
 
+    def _stop(self, err: Exception) -> None:
+        """Stop the runner: `run` raises `err` (the first such) once the loops are done."""
+        if self.fatal is None:
+            log.error("stopping: %s", err)
+            self.fatal = err
+        self.rt.stopping.set()
+
     def _log_stopped(self, pending: set[asyncio.Task[None]]) -> None:
         log.info(
             "stopped: %d episodes done, %d failed, %d dropped (prompt too long or refused), %d cut "
@@ -287,6 +296,8 @@ class WorkflowRunner:
                 self.failed += 1
                 log.warning("episode %s failed: %s", episode.id, err)
                 await asyncio.sleep(1.0)
+            except StorageFull as err:  # nothing to retry into: stop, saying why
+                self._stop(err)
             finally:
                 self.in_episode.discard(index)
                 if self.gate is not None:
@@ -317,10 +328,7 @@ class WorkflowRunner:
         try:
             self.reward_health.check()
         except RewardsFailing as err:
-            if self.fatal is None:
-                log.error("stopping: %s", err)
-                self.fatal = err
-            self.rt.stopping.set()
+            self._stop(err)
         if isinstance(self.workflow, Reports):
             self._write_metrics(self.workflow.report())
         for policy, rewards in episode.rewards.items():
@@ -389,11 +397,7 @@ class WorkflowRunner:
             future: asyncio.Future[GenerationResponse] = asyncio.get_running_loop().create_future()
             self.waiting[rid] = future
             try:
-                await self.rt.js.publish(
-                    self.rt.names.requests_subject(policy),
-                    request.model_dump_json().encode(),
-                    headers={"Nats-Msg-Id": rid},
-                )
+                await self._publish_request(policy, request)
                 response = await asyncio.wait_for(future, timeout=self.request_timeout)
             except TimeoutError:
                 log.info("request %s to %s timed out; retrying", rid, policy)
@@ -406,6 +410,21 @@ class WorkflowRunner:
             finally:
                 self.waiting.pop(rid, None)
         raise GenerationTimeout(f"no answer from policy {policy!r} after {self.retries} tries")
+
+    async def _publish_request(self, policy: str, request: GenerationRequest) -> None:
+        try:
+            await self.rt.js.publish(
+                self.rt.names.requests_subject(policy),
+                request.model_dump_json().encode(),
+                headers={"Nats-Msg-Id": request.id},
+            )
+        except APIError as err:
+            if not natsconfig.is_full(err):
+                raise
+            raise StorageFull(
+                f"the request queue of policy {policy!r} is full "
+                f"({natsconfig.REQUEST_CAP} requests waiting): no rollout worker takes them"
+            ) from err
 
     async def _on_reply(self, msg: Msg) -> None:
         try:
