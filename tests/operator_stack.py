@@ -190,7 +190,11 @@ class PodLogs:
         return f"{self.root}/{self.namespace}_"
 
     def collect(self) -> None:
-        for log in self.root.glob(f"{self.namespace}_*/*.log"):
+        try:
+            found = list(self.root.glob(f"{self.namespace}_*/*.log"))
+        except OSError:  # a sandbox removed while the glob walked it: the next call sees it
+            return
+        for log in found:
             pod, _, uid = log.parent.name.removeprefix(f"{self.namespace}_").rpartition("_")
             with contextlib.suppress(OSError):  # the agent may be removing it right now
                 shutil.copyfile(log, self.dest / f"{pod}-{uid[:8]}-{log.name}")

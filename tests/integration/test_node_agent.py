@@ -433,6 +433,27 @@ def test_a_pod_sees_its_hostname_and_a_hosts_file_that_names_it(
     assert address == done["status"]["podIP"]
 
 
+def test_pods_of_one_subdomain_resolve_each_other_as_a_headless_service_would_let_them(
+    kubectl: Kubectl, exec_namespace: str
+) -> None:
+    # Each waits until the other's name resolves: the first started must see the second's,
+    # which came after it, so its hosts file is rewritten in place.
+    code = (
+        "import socket, sys, time\n"
+        "for _ in range(300):\n"
+        "    try: print(socket.gethostbyname(sys.argv[1])); break\n"
+        "    except OSError: time.sleep(0.1)\n"
+    )
+    for name, other in (("first", "second"), ("second", "first")):
+        spec = pod(name, [*python(code), f"{other}.gang"], hostname=name, subdomain="gang")
+        kubectl.apply(json.dumps(spec), "-n", exec_namespace)
+        if name == "first":
+            running(kubectl, exec_namespace, "first")
+    first, second = (finished(kubectl, exec_namespace, n) for n in ("first", "second"))
+    assert logs(kubectl, exec_namespace, "first").strip() == second["status"]["podIP"]
+    assert logs(kubectl, exec_namespace, "second").strip() == first["status"]["podIP"]
+
+
 # --- probes, restarts, termination messages, logs -----------------------------------------
 
 

@@ -30,7 +30,7 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import batching, checkpoint, learner, main
+from polyrl.workers import batching, checkpoint, learner, main, ranks
 from polyrl.workers.runtime import Runtime
 
 pytestmark = pytest.mark.slow
@@ -133,6 +133,39 @@ def test_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
         torch.testing.assert_close(parallel[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
         moved += int(not torch.equal(tensor, initial.model.state_dict()[name]))
     assert moved > 0  # the step did change the weights
+
+
+def compare_at_the_end(rank: int, init_file: Path, out: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    said = []
+    for nudge in (False, True):
+        model = torch.nn.Linear(4, 2)
+        torch.nn.init.constant_(model.weight, 0.5)
+        torch.nn.init.zeros_(model.bias)
+        if nudge and rank == 1:  # one bit of one weight differs
+            model.weight.data[0, 0] = torch.nextafter(torch.tensor(0.5), torch.tensor(1.0))
+        try:
+            said.append(ranks.agree(7, model))
+        except ranks.RanksDiverged as err:
+            said.append(f"diverged: {err}")
+    (out / f"rank{rank}.json").write_text(json.dumps(said))
+    dist.destroy_process_group()
+
+
+def test_ranks_compare_their_weights_when_training_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+        compare_at_the_end, args=(tmp_path / "init", tmp_path), nprocs=2, join=True
+    )
+    (same_0, apart_0), (same_1, apart_1) = (
+        json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)
+    )
+    assert same_0 == same_1
+    assert same_0.startswith("2 ranks agree: step 7, weights ")
+    for apart in (apart_0, apart_1):  # one bit apart: both ranks refuse to go on
+        assert apart.startswith("diverged: ranks ended apart"), apart
 
 
 async def test_a_torchrun_trainer_with_two_ranks_trains_and_its_rollouts_follow(

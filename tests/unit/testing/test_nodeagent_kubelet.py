@@ -240,9 +240,24 @@ def test_the_hosts_file_names_the_pod_and_its_subdomain() -> None:
         },
     }
     text = runner.hosts_file(pod, "10.244.0.7", "job-trainer-0")
-    assert "10.244.0.7\tjob-trainer-0.trainers.ml.svc.cluster.local job-trainer-0\n" in text
+    assert (
+        "10.244.0.7\tjob-trainer-0.trainers.ml.svc.cluster.local job-trainer-0 "
+        "job-trainer-0.trainers\n"
+    ) in text
     assert "127.0.0.1\tlocalhost\n" in text
     assert text.endswith("10.1.1.1\tnats\n")
+
+
+def test_the_hosts_file_stands_in_for_the_dns_of_the_pods_headless_service() -> None:
+    pod = {"metadata": {"namespace": "ml"}, "spec": {"subdomain": "trainers"}}
+    peers = [("10.244.0.9", "job-trainer-1")]
+    text = runner.hosts_file(pod, "10.244.0.7", "job-trainer-0", peers)
+    assert text.endswith(
+        "10.244.0.9\tjob-trainer-1.trainers.ml.svc.cluster.local job-trainer-1.trainers\n"
+    )
+    # Without a subdomain there is no Service to stand in for.
+    lone = runner.hosts_file({"metadata": {"namespace": "ml"}, "spec": {}}, "10.0.0.1", "a", peers)
+    assert "job-trainer-1" not in lone
 
 
 def test_a_termination_message_comes_from_its_file_first_then_the_log_on_error(

@@ -106,6 +106,18 @@ def make_model(
     return load_directory(directory, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
+def build_tiny(source: ModelSource, *, cache_dir: Path) -> None:
+    """Build a tiny model's cached directory now, where `source` names one.
+
+    Trainer ranks call it before they join the process group: once torch.distributed is
+    initialised, transformers' `save_pretrained` writes on rank 0 only, so a tiny model first
+    built on another rank would be a directory without weights or config."""
+    if source.path.startswith(TINY_SCHEME):
+        ensure_tiny_llama(source.path.removeprefix(TINY_SCHEME), cache_dir)
+    elif source.path.startswith(tinybpe.SCHEME):
+        tinybpe.ensure(source.path, cache_dir)
+
+
 def local_dirs(source: ModelSource, *, cache_dir: Path) -> tuple[Path, Path | None]:
     """The local directories of the model and (where it is elsewhere) its tokenizer."""
     path = source.path

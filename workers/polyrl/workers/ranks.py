@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import xxhash
 
 from polyrl.workers import batching
 
@@ -29,6 +30,32 @@ def follow(step: Callable[[list[batching.Sample]], Any]) -> None:
     """Ranks other than 0: take a `step` on each batch rank 0 shares until it says stop."""
     while (samples := share_batch(None)) is not None:
         step(samples)
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """A hash of every weight's bits: equal on every rank that took the same steps."""
+    digest = xxhash.xxh3_64()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        flat = tensor.detach().cpu().reshape(-1).contiguous()
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def agree(step: int, model: torch.nn.Module) -> str:
+    """Every rank, once training ends: the ranks compare their step and weights (one
+    all-gather); a summary, or RanksDiverged where they differ, which would mean a rank
+    trained on other samples or missed an update."""
+    mine = (step, fingerprint(model))
+    seen: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, mine)
+    if any(tuple(other) != mine for other in seen):
+        raise RanksDiverged(f"ranks ended apart: (step, weights) per rank {seen}")
+    return f"{len(seen)} ranks agree: step {step}, weights {mine[1]}"
+
+
+class RanksDiverged(RuntimeError):
+    """Data-parallel ranks ended with different steps or weights."""
 
 
 def init_process_group() -> None:

@@ -33,8 +33,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from nats.aio.msg import Msg
+from nats.js.errors import APIError
 from pydantic import ValidationError
 
+from polyrl.api import natsconfig
 from polyrl.api.launch import TRAINER_DIR_ENV, WorkerConfig, trainer_subdir
 from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
@@ -51,6 +53,7 @@ from polyrl.workers.runtime import (
     ConfigError,
     MetricsLog,
     Runtime,
+    StorageFull,
     Unavailable,
     fail,
     load_config,
@@ -119,6 +122,7 @@ class Leader:
         self.started = time.monotonic()  # reset once training starts (after the warm-up)
         self.waited = 0.0
         self.stale_dropped = 0  # samples dropped as too old, since this trainer started
+        self.bucket_limit = 0  # messages the weights bucket may hold (`bound_bucket`)
         self.metrics = MetricsLog.from_env()
         spec = rt.config.spec
         self.scorer = Scorer(
@@ -148,6 +152,7 @@ class Leader:
             epoch=self.trainer.state.epoch,
             encoder=self.encoder,
         )
+        await self.bound_bucket(store, every)
         last = await announce.latest(self.rt.js, self.rt.names, self.policy.name)
         first = max(self.trainer.state.version, last.version if last else -1) + 1
         await self.publisher.publish(self.trainer.bf16(), version=first)
@@ -206,6 +211,20 @@ class Leader:
             self.rt.figures["held_out"] = held_out
         return figures
 
+    async def bound_bucket(self, store: WeightStore, keyframe_every: int) -> None:
+        """Limit the weights bucket to what retention keeps for a model of this size."""
+        model_bytes = sum(t.numel() * 2 for t in self.trainer.model.state_dict().values())
+        self.bucket_limit = natsconfig.weights_bucket_messages(
+            model_bytes, store.chunk_size, keyframe_every, retention.KEEP_KEYFRAMES
+        )
+        await natsconfig.bound_weights(
+            self.rt.js, self.rt.names, self.policy.name, self.bucket_limit
+        )
+        log.info(
+            "weights bucket bounded at %d messages (%d MiB of bf16 weights, chunks of %d KiB)",
+            self.bucket_limit, model_bytes >> 20, store.chunk_size >> 10,
+        )  # fmt: skip
+
     async def publish_next(self, *, final: bool = False) -> None:
         """Publish the just-trained weights off the critical path (one in flight); `final`:
         the last version, after which this trainer stops."""
@@ -222,7 +241,16 @@ class Leader:
     async def _publish(self, version: int, *, final: bool) -> None:
         """Publish `version`, then prune the bucket (`retention`): nothing a live replica or a
         new one needs goes, and the bucket stays bounded however long the job runs."""
-        await self.publisher.publish(self.trainer.bf16(), version=version, final=final)
+        try:
+            await self.publisher.publish(self.trainer.bf16(), version=version, final=final)
+        except APIError as err:
+            if not natsconfig.is_full(err):
+                raise
+            raise StorageFull(
+                f"weights bucket {self.rt.names.weights_bucket(self.policy.name)} is full "
+                f"({self.bucket_limit} messages, what retention keeps for this model with "
+                f"keyframeEvery {self.policy.keyframe_every}): version {version} not published"
+            ) from err
         try:
             live = await retention.live_versions(self.rt.kv, self.policy.name)
             await retention.prune(self.publisher, live)
@@ -318,6 +346,7 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
     log.info("training stopped at step %d", state.step)
     if trainer.world > 1:
         await asyncio.to_thread(ranks.share_batch, None)  # tells the other ranks to stop
+        log.info(await asyncio.to_thread(ranks.agree, state.step, trainer.model))
     if leader.publishing is not None:
         await leader.publishing
     trainer.save()
@@ -351,9 +380,12 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     trainer = Trainer(
         policy, config.spec.algorithm, workdir=workdir_for(config), rank=rank, world=world
     )
+    if world > 1:
+        log.info("rank %d of %d (%s)", rank, world, dist.get_backend())
     if rank != 0:
         trainer.sync_from_leader()
         await asyncio.to_thread(ranks.follow, trainer.step)
+        log.info(await asyncio.to_thread(ranks.agree, trainer.state.step, trainer.model))
         return
     rt = await Runtime.connect(config, pod)
     rt.install_signal_handlers()
@@ -382,6 +414,7 @@ def main() -> int:
         preflight.roles(config.spec)
     except ConfigError as err:
         return fail("polyrl trainer", err)
+    models.build_tiny(policy.model, cache_dir=workdir_for(config) / "models")
     ranks.init_process_group()
     try:
         asyncio.run(serve(config, pod))

@@ -227,7 +227,20 @@ class Agent:
         if not pod["spec"].get("hostNetwork"):
             self.network.attach(runner.pod_ip)
         log.info("pod %s: starting in %s at %s", runner.key, sandbox, runner.pod_ip)
+        self._refresh_hosts(runner.subdomain)
         runner.start()
+
+    def _refresh_hosts(self, subdomain: tuple[str, str] | None) -> None:
+        """Every running pod of `subdomain` names the others in its /etc/hosts, as a headless
+        Service's DNS records would (the test cluster has no DNS)."""
+        if subdomain is None:
+            return
+        pods = [
+            r for r in list(self.runners.values())
+            if r.subdomain == subdomain and not r.host_network and not r.done.is_set()
+        ]  # fmt: skip
+        for runner in pods:
+            runner.write_hosts([(p.pod_ip, p.hostname) for p in pods if p is not runner])
 
     def _mark_running(self, pod: dict[str, Any]) -> None:
         states = podstatus.containers_of(pod)
@@ -276,6 +289,7 @@ class Agent:
             if not runner.done.is_set():
                 runner.terminate(grace=0)
             runner.remove()
+            self._refresh_hosts(runner.subdomain)
         if uid in self.pod_ips:
             node, ip = self.pod_ips.pop(uid)
             self.network.detach(ip)

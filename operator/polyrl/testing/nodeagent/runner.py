@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,12 +84,17 @@ def image_path(image: str, images: Mapping[str, str], path: str) -> str:
     return path if env is None else os.pathsep.join([str(Path(env) / "bin"), path])
 
 
-def hosts_file(pod: Mapping[str, Any], ip: str, hostname: str) -> str:
-    """The kubelet-managed /etc/hosts: localhost, the pod's own name, its hostAliases."""
+def hosts_file(
+    pod: Mapping[str, Any], ip: str, hostname: str, peers: Sequence[tuple[str, str]] = ()
+) -> str:
+    """The kubelet-managed /etc/hosts: localhost, the pod's own name, its hostAliases; and,
+    standing in for cluster DNS, which the test cluster has not, the records a headless
+    Service would give the pod's `subdomain`: each running peer's (ip, hostname), by its
+    full name and by `<hostname>.<subdomain>` (what the search path makes of it)."""
     spec, ns = pod["spec"], pod["metadata"]["namespace"]
     names = [hostname]
-    if sub := spec.get("subdomain"):
-        names.insert(0, f"{hostname}.{sub}.{ns}.svc.cluster.local")
+    if sub := spec.get("subdomain"):  # with `<hostname>.<subdomain>`, as DNS resolves it too
+        names = [f"{hostname}.{sub}.{ns}.svc.cluster.local", hostname, f"{hostname}.{sub}"]
     lines = [
         "# Kubernetes-managed hosts file (polyrl node agent).",
         "127.0.0.1\tlocalhost",
@@ -98,6 +103,9 @@ def hosts_file(pod: Mapping[str, Any], ip: str, hostname: str) -> str:
     ]
     for alias in spec.get("hostAliases") or []:
         lines.append(f"{alias['ip']}\t{' '.join(alias.get('hostnames') or [])}")
+    if sub := spec.get("subdomain"):
+        for peer_ip, peer in sorted(peers):
+            lines.append(f"{peer_ip}\t{peer}.{sub}.{ns}.svc.cluster.local {peer}.{sub}")
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +155,9 @@ class PodRunner:
         self.stopping = threading.Event()
         self.done = threading.Event()
         self._lock = threading.Lock()
+        self.peers: list[tuple[str, str]] = []  # (ip, hostname) of its subdomain's pods
+        self._hosts_lock = threading.Lock()
+        self.hosts_written = False
         self.thread = threading.Thread(target=self._run, name=f"pod-{self.key}", daemon=True)
 
     @property
@@ -155,6 +166,25 @@ class PodRunner:
 
     def start(self) -> None:
         self.thread.start()
+
+    @property
+    def subdomain(self) -> tuple[str, str] | None:
+        """(namespace, subdomain): the pods whose names this pod's hosts file carries."""
+        sub = self.pod["spec"].get("subdomain")
+        return (self.pod["metadata"]["namespace"], sub) if sub else None
+
+    def write_hosts(self, peers: Sequence[tuple[str, str]] | None = None) -> None:
+        """(Re)write /etc/hosts; `peers` (ip, hostname) replaces the peers it names. The file
+        is rewritten in place: the pod's bind mount keeps seeing it."""
+        with self._hosts_lock:
+            if peers is not None:
+                self.peers = list(peers)
+            if self.sandbox.is_dir():
+                text = hosts_file(self.pod, self.pod_ip, self.hostname, self.peers)
+                with open(self.sandbox / "hosts", "r+" if self.hosts_written else "w") as f:
+                    f.write(text)
+                    f.truncate()
+                self.hosts_written = True
 
     # --- logs, for the kubelet API ---------------------------------------------------
 
@@ -171,7 +201,7 @@ class PodRunner:
             self.sandbox.mkdir(parents=True, exist_ok=True)
             if not self._set_up_volumes():
                 return
-            (self.sandbox / "hosts").write_text(hosts_file(self.pod, self.pod_ip, self.hostname))
+            self.write_hosts()
             if not self._run_init_containers():
                 return
             self._run_containers()
