@@ -25,6 +25,7 @@ from polyrl.api.status import Phase as Phase
 from polyrl.api.status import PolicyGroupStatus as PolicyGroupStatus
 from polyrl.api.status import PolicyStatus as PolicyStatus
 from polyrl.api.status import RLJobStatus as RLJobStatus
+from polyrl.api.verifier import VerifierSpec
 
 # Suffix of the longest generated child name: "-rollout-" plus up to 3 digits.
 LONGEST_SUFFIX = len("-rollout-") + 3
@@ -304,6 +305,11 @@ class WorkflowSpec(ApiModel):
         64, ge=1, le=100000, description="Episodes running at once, over all runners."
     )
     replicas: int = Field(1, ge=1, le=256, description="Workflow-runner pods.")
+    verifier: VerifierSpec | None = Field(
+        None,
+        description="solver-verifier: the verifier's chat template and verdict parser "
+        "(docs/workflows.md); unset: the built-in format for generated tasks.",
+    )
 
 
 class AlgorithmSpec(ApiModel):

@@ -90,6 +90,33 @@ def test_a_valid_job_is_accepted_and_defaulted(
             job(spec__algorithm={"mode": "sync"}, spec__policies__0__trainer={"steps": 10}),
             "trainer.steps needs algorithm.mode async",
         ),
+        (
+            job(
+                spec__workflow={
+                    "verifier": {"messages": [{"role": "user", "content": "{problem}"}]}
+                }
+            ),
+            "put {candidate} in one of them",
+        ),
+        (
+            job(
+                spec__workflow={
+                    "verifier": {
+                        "messages": [{"role": "user", "content": "{candidate}?"}],
+                        "answer": "{working}",
+                    }
+                }
+            ),
+            "workflow.verifier.answer must contain {verdict}",
+        ),
+        (
+            job(
+                spec__workflow={
+                    "verifier": {"messages": [{"role": "judge", "content": "{candidate}?"}]}
+                }
+            ),
+            'Unsupported value: "judge"',
+        ),
     ],
     ids=[
         "replicas-outside-bounds",
@@ -102,6 +129,9 @@ def test_a_valid_job_is_accepted_and_defaulted(
         "child-name-too-long",
         "policy-not-dns-1035",
         "own-steps-in-sync-mode",
+        "verifier-without-candidate",
+        "verifier-answer-without-verdict",
+        "verifier-role-outside-enum",
     ],
 )
 def test_bad_manifests_are_rejected_with_a_readable_message(

@@ -15,7 +15,7 @@ from polyrl.workers import tasks
 from polyrl.workers.runtime import Runtime
 from polyrl.workers.scoring import Scorer
 from polyrl.workers.trainer import NatsHandoff
-from polyrl.workers.workflows.solver_verifier import evaluation, exam
+from polyrl.workers.workflows.solver_verifier import evaluation, exam, verdicts
 
 TASK = tasks.load_task(TaskSpec(name="arithmetic"))
 SPEC = RLJobSpec.model_validate(
@@ -57,7 +57,9 @@ async def test_the_solver_sets_the_exam_and_the_verifier_takes_it(
         await verifier_rt.close()
     answers = solver.greedy([p.prompt for p in exam.problems(TASK)[:20]])
     assert len(judge.exam) == exam.EXAM_PROBLEMS
-    assert [c.prompt for c in judge.exam[:20]] == [c.prompt for c in exam.cases(TASK, answers)]
+    assert [c.prompt for c in judge.exam[:20]] == [
+        c.prompt for c in exam.cases(verdicts.VerificationTask(TASK), answers)
+    ]
 
 
 async def test_without_answers_the_verifier_goes_without_an_exam_and_says_why(

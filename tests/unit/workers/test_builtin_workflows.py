@@ -145,3 +145,56 @@ async def test_a_failed_reward_drops_that_answer_only_and_says_why() -> None:
     assert [r for p, r in sent if p == "solver"] == [1.0, 0.0, 0.0]  # "3" left out
     assert made.dropped == ["reward f on problem p: raised KeyError('x')"]
     assert asked == ["solver", "verifier", "verifier"]  # a right and a wrong one still judged
+
+
+async def test_a_chat_verifier_gets_its_messages_and_its_verdicts_are_read_with_its_pattern() -> (
+    None
+):
+    doc = SPEC.model_dump(by_alias=True)
+    doc["workflow"]["verifier"] = {
+        "messages": [{"role": "user", "content": "Is {candidate} the answer to {problem}?"}],
+        "answer": "{working} => {verdict}",
+        "verdictPattern": r"=>\s*(\w+)",
+        "right": "right",
+        "wrong": "wrong",
+    }
+    spec = RLJobSpec.model_validate(doc)
+    prompts: list[Any] = []
+    sent: list[tuple[str, float]] = []
+
+    async def generate(policy: str, prompt: Any, n: int, max_new: int) -> GenerationResponse:
+        if policy == "verifier":
+            prompts.append((prompt, max_new))
+            texts = ["4 => right", "4 => wrong", "no verdict here", "4 => RIGHT"]
+        else:
+            texts = ["4", "5", "4", "5"]  # half right, whatever the problem: see `truth` below
+        completions = [
+            Completion(tokens=[1], logprobs=[-0.1], text=texts[i % 4], finish_reason="stop")
+            for i in range(n)
+        ]
+        return GenerationResponse(
+            id="r", pod="p", weight_version=3, prompt_tokens=[1], completions=completions
+        )
+
+    async def emit(
+        policy: str, group: str, response: GenerationResponse, index: int, reward: float
+    ) -> None:
+        sent.append((policy, reward))
+
+    made = Episode(id="e", spec=spec, task=load_task(spec.workflow.task), rng=random.Random(0),
+                   _generate=generate, _emit=emit, finished=frozenset(), warming=frozenset())  # fmt: skip
+    await SolverVerifier().run(made)
+    assert len(prompts) == 2
+    for messages, budget in prompts:
+        (message,) = messages
+        assert message["role"] == "user"
+        assert message["content"].startswith("Is ")
+        assert " the answer to " in message["content"]
+        assert budget == 3 + 16  # the solver's budget and room for the verdict line
+    solver_right = [r == 1.0 for p, r in sent if p == "solver"]
+    verdicts = [r for p, r in sent if p == "verifier"]
+    assert len(verdicts) == 8
+    # A right candidate earns two verdicts ("right", "RIGHT"), a wrong one one ("wrong"); "no
+    # verdict here" earns none. One of each is judged where the solver has both.
+    picked = [True, False] if any(solver_right) and not all(solver_right) else solver_right[:2]
+    assert sum(verdicts) == sum(2 if right else 1 for right in picked)

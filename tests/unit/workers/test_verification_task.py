@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
+from pydantic import ValidationError
+
+from polyrl.api.verifier import VerifierSpec
 from polyrl.workers.tasks import arithmetic
 from polyrl.workers.tasks import base as task_base
 from polyrl.workers.workflows.solver_verifier import verdicts as verify
@@ -115,3 +119,63 @@ def test_a_case_of_a_given_answer_is_judged_by_the_tasks_check() -> None:
     assert (verify.truth(right), verify.truth(wrong)) == (True, False)
     # Either way the target's working is the right sum.
     assert right.answer[:-1] == wrong.answer[:-1] == str(a + b)
+
+
+CHAT = {
+    "messages": [
+        {"role": "system", "content": "You check answers."},
+        {"role": "user", "content": "Problem: {problem}\nProposed answer: {candidate}"},
+    ],
+    "answer": "The answer is {working}. \\boxed{{verdict}}",
+    "verdictPattern": r"\\boxed\{(\w+)\}",
+}
+
+
+def chat_judge() -> verify.VerificationTask:
+    spec = VerifierSpec.model_validate(CHAT)
+    base_task = arithmetic.Arithmetic(digits=2, ops="+", held_out=50, seed=0)
+    return verify.VerificationTask(base_task, verify.ChatVerdicts(spec))
+
+
+def test_a_chat_verifier_is_asked_through_its_messages_and_warms_up_on_worked_verdicts() -> None:
+    judge, rng = chat_judge(), random.Random(1)
+    samples = [judge.sample(rng) for _ in range(100)]
+    for sample in samples:
+        assert sample.messages is not None
+        system, user = sample.messages
+        assert system == {"role": "system", "content": "You check answers."}
+        problem_text, candidate = (
+            user["content"].removeprefix("Problem: ").split("\nProposed answer: ")
+        )
+        a, b = (int(x) for x in problem_text.rstrip("=").split("+"))
+        assert (int(candidate) == a + b) == verify.truth(sample)
+        word = "yes" if verify.truth(sample) else "no"
+        assert sample.answer == f"The answer is {a + b}. \\boxed{{{word}}}"
+        # Its own target earns the reward; the other verdict, or none, does not.
+        assert judge.reward(sample, sample.answer) == 1.0
+        flipped = sample.answer.replace("{yes}", "{x}").replace("{no}", "{yes}")
+        assert judge.reward(sample, flipped.replace("{x}", "{no}")) == 0.0
+        assert judge.reward(sample, f"The answer is {a + b}.") == 0.0
+    assert 30 < sum(map(verify.truth, samples)) < 70
+
+
+def test_the_chat_verdict_is_the_patterns_last_match_in_either_case() -> None:
+    judge = chat_judge()
+    parse = judge.verdicts.parse
+    assert parse("\\boxed{no} then again \\boxed{YES}") is True
+    assert parse("\\boxed{maybe}") is None
+    assert parse("no box at all: yes") is None
+
+
+def test_a_verifier_template_that_cannot_read_its_own_answer_is_refused() -> None:
+    bad = {**CHAT, "answer": "{working} so: {verdict}"}
+    with pytest.raises(ValidationError, match="cannot read its own answer template"):
+        VerifierSpec.model_validate(bad)
+    with pytest.raises(ValidationError, match="put \\{candidate\\}"):
+        VerifierSpec.model_validate(
+            {**CHAT, "messages": [{"role": "user", "content": "{problem}"}]}
+        )
+    with pytest.raises(ValidationError, match="needs a group"):
+        VerifierSpec.model_validate({**CHAT, "verdictPattern": "boxed"})
+    with pytest.raises(ValidationError, match="does not compile"):
+        VerifierSpec.model_validate({**CHAT, "verdictPattern": "(unclosed"})

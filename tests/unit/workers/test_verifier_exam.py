@@ -27,7 +27,9 @@ def test_the_exam_holds_the_solvers_answers_each_right_or_wrong_by_the_task() ->
     problems = exam.problems(TASK)
     assert len(problems) == exam.EXAM_PROBLEMS
     answers = [p.answer if i % 2 else "0" for i, p in enumerate(problems)]
-    cases = exam.cases(TASK, exam.decode(exam.encode(answers), "solver") or [])
+    cases = exam.cases(
+        verdicts.VerificationTask(TASK), exam.decode(exam.encode(answers), "solver") or []
+    )
     assert len(cases) == len(answers)
     for problem, answer, case in zip(problems, answers, cases, strict=True):
         assert case.prompt == verdicts.verify_prompt(problem, answer)

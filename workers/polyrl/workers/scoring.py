@@ -7,7 +7,7 @@ decoding itself is `warmup`'s batched greedy generation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +26,12 @@ class Scorer:
     answer_tokens: int
     """An answer's budget, algorithm.maxNewTokens (a verifier's working is one)."""
 
-    def greedy(self, prompts: Sequence[str], *, max_new_tokens: int | None = None) -> list[str]:
+    def greedy(
+        self,
+        prompts: Sequence[str | Sequence[Mapping[str, str]]],
+        *,
+        max_new_tokens: int | None = None,
+    ) -> list[str]:
         """Greedy completions of `prompts`, in the policy's budget unless told otherwise."""
         torch.nn.Module.eval(self.model)
         budget = max_new_tokens or self.max_new_tokens

@@ -43,14 +43,14 @@ class SolverVerifier:
                 f"it uses two policies (a solver, then a verifier); the job has {len(spec.policies)}"
             )
         solver, verifier = (p.name for p in spec.policies)
-        answer = spec.algorithm.max_new_tokens
+        fmt = verdicts.of(spec)
         return {
             solver: PolicyRole("answers", task, evaluation.SolverEvaluation(task)),
             verifier: PolicyRole(
                 "judges the solver's answers",
-                verdicts.VerificationTask(task),
-                evaluation.VerifierEvaluation(task, solver),
-                max_new_tokens=verdicts.verifier_max_new_tokens(answer),
+                verdicts.VerificationTask(task, fmt),
+                evaluation.VerifierEvaluation(task, solver, fmt),
+                max_new_tokens=fmt.budget(spec.algorithm.max_new_tokens),
             ),
         }
 
@@ -74,8 +74,9 @@ class SolverVerifier:
             return  # its trainer is done (its verdicts would be wasted) or still warming up
         scored = sorted(correct)  # the answers with a reward (all, unless a reward failed)
         judged = [scored[k] for k in balanced_pick([correct[i] for i in scored], episode.rng)]
-        budget = verdicts.verifier_max_new_tokens(episode.spec.algorithm.max_new_tokens)
-        prompts = [verdicts.verify_prompt(problem, episode.text(answers, i)) for i in judged]
+        fmt = verdicts.of(episode.spec)
+        budget = fmt.budget(episode.spec.algorithm.max_new_tokens)
+        prompts = [fmt.prompt(problem, episode.text(answers, i)) for i in judged]
         responses = await asyncio.gather(
             *(
                 episode.generate(verifier, prompt, episode.group_size, max_new_tokens=budget)
@@ -84,7 +85,7 @@ class SolverVerifier:
         )
         for i, response in zip(judged, responses, strict=True):
             for j in range(len(response.completions)):
-                said = verdicts.parse_verdict(episode.text(response, j))
+                said = fmt.parse(episode.text(response, j))
                 reward = verdicts.verdict_reward(said, correct[i])
                 await episode.emit(verifier, f"verdict-{i}", response, j, reward)
                 self.judging.add(verifier, response.weight_version, correct[i], said)

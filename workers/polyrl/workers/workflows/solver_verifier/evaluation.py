@@ -29,7 +29,7 @@ class SolverEvaluation(TaskAccuracy):
         if not first:
             return  # a resumed solver: the exam was set at the start of the job
         answers = scorer.greedy(
-            [p.prompt for p in exam.problems(self.task)], max_new_tokens=scorer.answer_tokens
+            [p.request for p in exam.problems(self.task)], max_new_tokens=scorer.answer_tokens
         )
         await handoff.publish(exam.OBJECT, exam.encode(answers))
 
@@ -37,9 +37,11 @@ class SolverEvaluation(TaskAccuracy):
 class VerifierEvaluation:
     """Balanced accuracy on near misses, and on the exam once the solver has set it."""
 
-    def __init__(self, task: base.Task, solver: str) -> None:
+    def __init__(
+        self, task: base.Task, solver: str, fmt: verdicts.Verdicts = verdicts.CHARS
+    ) -> None:
         self.task, self.solver = task, solver
-        self.judge = verdicts.VerificationTask(task)
+        self.judge = verdicts.VerificationTask(task, fmt)
         self.exam: list[base.Problem] = []
 
     @property
@@ -49,7 +51,7 @@ class VerifierEvaluation:
     async def prepare(self, handoff: Handoff, scorer: Scorer, *, first: bool) -> None:
         data = await handoff.fetch(self.solver, exam.OBJECT, timeout=exam.TIMEOUT_SECONDS)
         answers = exam.decode(data, self.solver)
-        self.exam = exam.cases(self.task, answers) if answers else []
+        self.exam = exam.cases(self.judge, answers) if answers else []
         right = sum(map(verdicts.truth, self.exam))
         log.info(
             "exam: %d of the %s's answers to judge, %d right", len(self.exam), self.solver, right

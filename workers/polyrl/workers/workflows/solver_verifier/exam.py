@@ -51,7 +51,6 @@ def decode(data: bytes | None, solver: str) -> list[str] | None:
     return answers
 
 
-def cases(task: base.Task, answers: Sequence[str]) -> list[base.Problem]:
+def cases(judge: verdicts.VerificationTask, answers: Sequence[str]) -> list[base.Problem]:
     """The exam's problems with `answers` as candidates, each right or wrong by the task."""
-    judge = verdicts.VerificationTask(task)
-    return [judge.case(p, a) for p, a in zip(problems(task), answers, strict=False)]
+    return [judge.case(p, a) for p, a in zip(problems(judge.task), answers, strict=False)]

@@ -23,11 +23,74 @@ learnt to copy them into its working rather than compute them (`docs/benchmarks.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import Protocol
 
+from polyrl.api.resources import RLJobSpec
+from polyrl.api.verifier import VerifierSpec
 from polyrl.workers.tasks import base
 
 YES, NO = "y", "n"
 VERDICT_TOKENS = 1  # the verdict's room after the working, which is as long as an answer
+CHAT_VERDICT_TOKENS = 16  # a chat verifier's room for its verdict line, by default
+Request = str | list[dict[str, str]]
+
+
+class Verdicts(Protocol):
+    """How the verifier is asked about a candidate, what a right verifier writes, and how
+    its verdict is read: the built-in characters, or a job's chat template."""
+
+    def prompt(self, problem: base.Problem, candidate: str) -> Request: ...
+
+    def target(self, right: bool, working: str) -> str: ...
+
+    def parse(self, completion: str) -> bool | None: ...
+
+    def budget(self, answer_tokens: int) -> int: ...
+
+
+class CharVerdicts:
+    """The built-in format: "12+35=47?", then the working and "y" or "n" (see above)."""
+
+    def prompt(self, problem: base.Problem, candidate: str) -> Request:
+        return verify_prompt(problem, candidate)
+
+    def target(self, right: bool, working: str) -> str:
+        return verify_answer(right, working)
+
+    def parse(self, completion: str) -> bool | None:
+        return parse_verdict(completion)
+
+    def budget(self, answer_tokens: int) -> int:
+        return verifier_max_new_tokens(answer_tokens)
+
+
+@dataclass(frozen=True)
+class ChatVerdicts:
+    """A job's `workflow.verifier`: chat messages in, a verdict word read with a pattern."""
+
+    spec: VerifierSpec
+
+    def prompt(self, problem: base.Problem, candidate: str) -> Request:
+        return self.spec.prompt(problem=problem.prompt, candidate=base.answer_text(candidate))
+
+    def target(self, right: bool, working: str) -> str:
+        return self.spec.render(working=working, verdict=right)
+
+    def parse(self, completion: str) -> bool | None:
+        return self.spec.parse(completion)
+
+    def budget(self, answer_tokens: int) -> int:
+        return self.spec.max_new_tokens or answer_tokens + CHAT_VERDICT_TOKENS
+
+
+CHARS = CharVerdicts()
+
+
+def of(spec: RLJobSpec) -> Verdicts:
+    """The job's verdict format: its `workflow.verifier`, or the built-in characters."""
+    verifier = spec.workflow.verifier
+    return CHARS if verifier is None else ChatVerdicts(verifier)
 
 
 def verifier_max_new_tokens(answer_tokens: int) -> int:
@@ -65,7 +128,9 @@ def verdict_reward(said: bool | None, right: bool) -> float:
 
 
 def truth(judged: base.Problem) -> bool:
-    """Whether a verification problem's candidate is right (its target's verdict)."""
+    """Whether a verification problem's candidate is right (`VerificationTask.case` says)."""
+    if judged.meta is not None and "right" in judged.meta:
+        return bool(judged.meta["right"])
     return judged.answer.endswith(YES)
 
 
@@ -77,8 +142,8 @@ class VerificationTask:
     the verdict format and a first sense of right and wrong) and for its evaluation.
     """
 
-    def __init__(self, task: base.Task) -> None:
-        self.task = task
+    def __init__(self, task: base.Task, verdicts: Verdicts = CHARS) -> None:
+        self.task, self.verdicts = task, verdicts
 
     @property
     def name(self) -> str:
@@ -94,18 +159,21 @@ class VerificationTask:
     def case(self, problem: base.Problem, candidate: str) -> base.Problem:
         """`candidate` shown for judging, with the worked verdict the task's check gives it."""
         right = self.task.reward(problem, candidate) > 0.5
-        prompt = verify_prompt(problem, candidate)
+        request = self.verdicts.prompt(problem, candidate)
+        text = request if isinstance(request, str) else request[-1]["content"]
         return base.Problem(
-            prompt=prompt,
-            answer=verify_answer(right, problem.answer),
-            id=base.problem_id(self.name, prompt),
+            prompt=text,
+            answer=self.verdicts.target(right, problem.answer),
+            id=base.problem_id(self.name, text),
+            messages=None if isinstance(request, str) else tuple(request),
+            meta={"right": right},
         )
 
     def sample(self, rng: random.Random) -> base.Problem:
         return self.judged(self.task.sample(rng), rng.random() < 0.5, rng)
 
     def reward(self, problem: base.Problem, completion: str) -> float:
-        return verdict_reward(parse_verdict(completion), truth(problem))
+        return verdict_reward(self.verdicts.parse(completion), truth(problem))
 
     def held_out(self) -> list[base.Problem]:
         """Each held-out problem of the task twice: with its answer and with a near miss."""
