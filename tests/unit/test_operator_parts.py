@@ -264,6 +264,34 @@ def test_pvc_data_files_are_mounted_in_workflow_and_trainer_pods_once_per_claim(
         assert {"/mnt/polyrl/pvc/data", "/mnt/polyrl/pvc/shared"} <= mounts
 
 
+def test_configmap_and_secret_data_files_are_mounted_read_only_where_the_task_reads() -> None:
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["workflow"] = {
+        "name": "single",
+        "task": {
+            "name": "dataset",
+            "params": {
+                "path": "configmap://math-small/train.jsonl",
+                "heldOutPath": "secret://held/t.jsonl",
+            },
+        },
+    }
+    for launch in plan.plan(RLJob.model_validate(doc), nats_url="nats://n:4222").launches:
+        spec = render.pod(launch, namespace="team", owner={})["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+        if launch.role == Role.ROLLOUT:
+            assert not {"data-cm-0", "data-secret-0"} & set(volumes)
+            continue
+        assert volumes["data-cm-0"]["configMap"] == {"name": "math-small", "defaultMode": 0o440}
+        assert volumes["data-secret-0"]["secret"] == {"secretName": "held", "defaultMode": 0o440}
+        assert mounts["data-cm-0"] == {
+            "name": "data-cm-0", "mountPath": "/mnt/polyrl/configmap/math-small", "readOnly": True,
+        }  # fmt: skip
+        assert mounts["data-secret-0"]["mountPath"] == "/mnt/polyrl/secret/held"
+        assert mounts["data-secret-0"]["readOnly"] is True
+
+
 def test_a_malformed_pvc_data_path_mounts_nothing_and_is_left_to_the_tasks_own_check() -> None:
     doc = copy.deepcopy(JOB)
     doc["spec"]["workflow"] = {"task": {"name": "dataset", "params": {"path": "pvc://only"}}}

@@ -26,6 +26,9 @@ RDZV_PORT = 29400
 # `pvc://<claim>/<path>` models: the claim is mounted read-only in the trainer's pods here.
 PVC_ROOT = "/mnt/polyrl/pvc"
 PVC_ROOT_ENV = "POLYRL_PVC_ROOT"
+# `configmap://<name>/<key>` and `secret://<name>/<key>` data files: mounted read-only here.
+DATA_ROOTS = {"configmap": "/mnt/polyrl/configmap", "secret": "/mnt/polyrl/secret"}
+DATA_ROOT_ENV = "POLYRL_DATA_ROOT"  # tests: <root>/configmap/<name>, <root>/secret/<name>
 # How a worker's exit status tells the operator (and `polyrl run`) what to do next.
 EXIT_INVALID_INPUT = 2  # the job's spec or data cannot work: running it again cannot help
 EXIT_UNAVAILABLE = 69  # something it needs (NATS) is not there yet: retry with backoff
@@ -95,6 +98,14 @@ class WorkerLaunch(ApiModel):
     data_claims: list[str] = Field(
         default_factory=list,
         description="Claims a `pvc://` data file of the task reads from, mounted read-only at PVC_ROOT/<claim> (workflow and trainer pods; a local run ignores them).",
+    )
+    data_configmaps: list[str] = Field(
+        default_factory=list,
+        description="ConfigMaps a `configmap://` data file reads from, mounted read-only at DATA_ROOTS['configmap']/<name> (workflow and trainer pods).",
+    )
+    data_secrets: list[str] = Field(
+        default_factory=list,
+        description="Secrets a `secret://` data file reads from, mounted read-only at DATA_ROOTS['secret']/<name> (workflow and trainer pods).",
     )
     config: WorkerConfig
 

@@ -16,10 +16,18 @@ from polyrl.api.base import ApiModel
 
 def pvc_parts(uri: str, *, what: str = "model") -> tuple[str, str]:
     """`pvc://claim/a/b` -> ("claim", "a/b"); ValueError unless a claim and a path are named."""
-    claim, _, path = uri.removeprefix("pvc://").partition("/")
-    if not claim or not path or ".." in path.split("/") or path.startswith("/"):
-        raise ValueError(f"{what} {uri!r}: expected pvc://<claim>/<path inside the claim>")
-    return claim, path
+    return volume_parts(uri, "pvc", what=what, inside="<claim>/<path inside the claim>")
+
+
+def volume_parts(
+    uri: str, scheme: str, *, what: str, inside: str = "<name>/<key>"
+) -> tuple[str, str]:
+    """`<scheme>://name/a/b` -> ("name", "a/b"); ValueError unless both are named and the
+    path stays inside the volume."""
+    name, _, path = uri.removeprefix(f"{scheme}://").partition("/")
+    if not name or not path or ".." in path.split("/") or path.startswith("/"):
+        raise ValueError(f"{what} {uri!r}: expected {scheme}://{inside}")
+    return name, path
 
 
 class PromptFormat(enum.StrEnum):

@@ -36,6 +36,7 @@ from polyrl.api.resources import (
     RLJob,
     TrainerSpec,
     pvc_parts,
+    volume_parts,
 )
 
 WORKER_COMMAND = ("polyrl", "worker")
@@ -265,6 +266,8 @@ def _trainer(
         checkpoint_claim=claim,
         model_claims=model_claims(policy),
         data_claims=data_claims(job),
+        data_configmaps=data_volumes(job, "configmap"),
+        data_secrets=data_volumes(job, "secret"),
         config=config,
     )
 
@@ -278,13 +281,18 @@ def model_claims(policy: PolicySpec) -> list[str]:
 def data_claims(job: RLJob) -> list[str]:
     """The claims the task's data files read from (`path`, `heldOutPath` as pvc://...): the
     workflow runners sample from them, the trainers evaluate on their held-out split."""
-    claims = set()
+    return data_volumes(job, "pvc")
+
+
+def data_volumes(job: RLJob, scheme: str) -> list[str]:
+    """The volumes of `scheme` (pvc, configmap, secret) the task's data files name."""
+    names = set()
     for key in DATA_PATH_PARAMS:
         path = job.spec.workflow.task.params.get(key)
-        if isinstance(path, str) and path.startswith("pvc://"):
+        if isinstance(path, str) and path.startswith(f"{scheme}://"):
             with contextlib.suppress(ValueError):  # the task's own check names it, at start
-                claims.add(pvc_parts(path, what="dataset")[0])
-    return sorted(claims)
+                names.add(volume_parts(path, scheme, what="dataset")[0])
+    return sorted(names)
 
 
 def checkpoint_claim(job: RLJob, policy: PolicySpec) -> str:
@@ -318,6 +326,8 @@ def _workflow(job: RLJob, replica: int, nats_url: str, entrypoints: Entrypoints)
         env={CONFIG_ENV: config.to_env()},
         labels=_labels(job, Role.WORKFLOW, replica),
         data_claims=data_claims(job),
+        data_configmaps=data_volumes(job, "configmap"),
+        data_secrets=data_volumes(job, "secret"),
         config=config,
     )
 

@@ -21,6 +21,7 @@ from polyrl.api.base import ApiModel, Dns1035Name, Quantity, Resources, Tolerati
 from polyrl.api.model_source import ModelSource as ModelSource
 from polyrl.api.model_source import PromptFormat as PromptFormat
 from polyrl.api.model_source import pvc_parts as pvc_parts
+from polyrl.api.model_source import volume_parts as volume_parts
 from polyrl.api.status import Phase as Phase
 from polyrl.api.status import PolicyGroupStatus as PolicyGroupStatus
 from polyrl.api.status import PolicyStatus as PolicyStatus

@@ -19,6 +19,7 @@ from polyrl.api import naming, natstls
 from polyrl.api.base import API_VERSION
 from polyrl.api.launch import (
     CHECKPOINT_MOUNT,
+    DATA_ROOTS,
     POD_NAME_ENV,
     PVC_ROOT,
     RDZV_PORT,
@@ -78,6 +79,13 @@ def _claim_volumes(launch: WorkerLaunch) -> list[tuple[str, str]]:
     ]
 
 
+def _data_volumes(launch: WorkerLaunch) -> list[tuple[str, str, str]]:
+    """(volume, kind, name) for each ConfigMap and Secret a data file names."""
+    return [(f"data-cm-{i}", "configmap", n) for i, n in enumerate(launch.data_configmaps)] + [
+        (f"data-secret-{i}", "secret", n) for i, n in enumerate(launch.data_secrets)
+    ]
+
+
 def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": str(launch.role),
@@ -105,6 +113,9 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
         container["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
     for volume, claim in _claim_volumes(launch):
         mount = {"name": volume, "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}
+        container["volumeMounts"].append(mount)
+    for volume, kind, name in _data_volumes(launch):
+        mount = {"name": volume, "mountPath": f"{DATA_ROOTS[kind]}/{name}", "readOnly": True}
         container["volumeMounts"].append(mount)
     if nats_secret:
         mount = {"name": NATS_VOLUME, "mountPath": natstls.TLS_MOUNT, "readOnly": True}
@@ -144,6 +155,13 @@ def pod_spec(
     for volume, name in _claim_volumes(launch):
         claim_ref: dict[str, Any] = {"claimName": name, "readOnly": True}
         spec["volumes"].append({"name": volume, "persistentVolumeClaim": claim_ref})
+    for volume, kind, name in _data_volumes(launch):
+        # Read by the pod's group (fsGroup), nobody else.
+        if kind == "configmap":
+            source: dict[str, Any] = {"configMap": {"name": name, "defaultMode": 0o440}}
+        else:
+            source = {"secret": {"secretName": name, "defaultMode": 0o440}}
+        spec["volumes"].append({"name": volume, **source})
     if launch.node_selector:
         spec["nodeSelector"] = dict(launch.node_selector)
     if launch.tolerations:

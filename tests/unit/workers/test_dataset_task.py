@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from tests.unit.workers import rewardfns
 
-from polyrl.api.launch import PVC_ROOT_ENV
+from polyrl.api.launch import DATA_ROOT_ENV, PVC_ROOT_ENV
 from polyrl.workers.tasks import base, dataset, rewards
 
 REPO = Path(__file__).resolve().parents[3]
@@ -216,3 +216,25 @@ def test_a_pvc_data_path_reads_where_the_operator_mounts_its_claim(
         task(path="pvc://other/train.parquet")
     with pytest.raises(dataset.DataError, match=r"expected pvc://<claim>/<path inside the claim>"):
         task(path="pvc://math-data")
+
+
+def test_configmap_and_secret_data_paths_read_where_the_operator_mounts_them(
+    math_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ConfigMap is mounted at /mnt/polyrl/configmap/<name>, a Secret at
+    /mnt/polyrl/secret/<name>, each key a file; the test moves the root."""
+    (tmp_path / "configmap").mkdir()
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "configmap" / "math-small").symlink_to(math_data)
+    (tmp_path / "secret" / "held").symlink_to(math_data)
+    monkeypatch.setenv(DATA_ROOT_ENV, str(tmp_path))
+    mounted = task(
+        path="configmap://math-small/train.parquet", heldOutPath="secret://held/test.parquet"
+    )
+    local = task(path=str(math_data / "train.parquet"), heldOutPath=str(math_data / "test.parquet"))
+    assert mounted.problem(5).id == local.problem(5).id
+    assert [p.id for p in mounted.held_out()] == [p.id for p in local.held_out()]
+    with pytest.raises(dataset.DataError, match=r"configmap 'other' is not mounted at .*operator"):
+        task(path="configmap://other/train.parquet")
+    with pytest.raises(dataset.DataError, match=r"expected secret://<name>/<key>"):
+        task(path="secret://held")

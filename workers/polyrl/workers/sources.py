@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from polyrl.api.launch import PVC_ROOT, PVC_ROOT_ENV
-from polyrl.api.model_source import pvc_parts
+from polyrl.api.launch import DATA_ROOT_ENV, DATA_ROOTS, PVC_ROOT, PVC_ROOT_ENV
+from polyrl.api.model_source import pvc_parts, volume_parts
 
 HF_SCHEME = "hf://"
 PVC_SCHEME = "pvc://"
@@ -74,6 +74,27 @@ def resolve_pvc(uri: str, *, what: str = "model") -> Path:
             "under the operator (which mounts the claim); on one machine give a local path"
         )
     return root / sub
+
+
+def resolve_data(uri: str) -> Path:
+    """The mounted path of a data file named `pvc://`, `configmap://` or `secret://`; a local
+    path as it is. The operator mounts the volume a data file names in the pods that read
+    it; under `polyrl run` nothing is mounted, and the error says so."""
+    if uri.startswith(PVC_SCHEME):
+        return resolve_pvc(uri, what="dataset")
+    for kind, mounted in DATA_ROOTS.items():
+        if uri.startswith(f"{kind}://"):
+            name, key = volume_parts(uri, kind, what="dataset")
+            override = os.environ.get(DATA_ROOT_ENV)
+            root = Path(override) / kind / name if override else Path(mounted) / name
+            if not root.is_dir():
+                raise ValueError(
+                    f"dataset {uri!r}: {kind} {name!r} is not mounted at {root}; {kind}:// "
+                    "paths work under the operator (which mounts it); on one machine give a "
+                    "local path"
+                )
+            return root / key
+    return Path(uri)
 
 
 def resolve(path: str, *, cache_dir: Path | None = None) -> str:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polyrl.workers.sources import PVC_SCHEME, resolve_pvc
+from polyrl.workers.sources import resolve_data
 from polyrl.workers.tasks import base, rewards
 
 NAME = "dataset"
@@ -66,8 +66,8 @@ def open_file(path: str) -> Any:
     # Arrow's default pool (mimalloc) keeps what the conversion freed: a million-row parquet
     # left about 150 MB more resident in every worker. The system allocator gives it back.
     pyarrow.set_memory_pool(pyarrow.system_memory_pool())
-    try:  # pvc://<claim>/<file>: where the operator mounted the claim
-        file = resolve_pvc(path, what="dataset") if path.startswith(PVC_SCHEME) else Path(path)
+    try:  # pvc://, configmap://, secret://: where the operator mounted the volume
+        file = resolve_data(path)
     except ValueError as err:
         raise DataError(str(err)) from None
     if not file.is_file():
