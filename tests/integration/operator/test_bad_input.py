@@ -129,14 +129,16 @@ def test_a_worker_that_keeps_failing_at_start_is_retried_and_the_job_shows_why(
 def test_a_trainer_gang_that_cannot_meet_fails_within_its_rendezvous_timeout(
     kubectl: Kubectl, real_ns: str
 ) -> None:
-    # Two trainer pods that cannot reach their rendezvous store (here: its name does not
-    # resolve) give up after rendezvousTimeoutSeconds; the group says so, quoting torchrun.
+    # A gang of three whose third pod cannot be scheduled (each asks for more than half of a
+    # node's 32 CPUs, and the test cluster has two nodes): the two that run wait for it at the
+    # rendezvous, give up after rendezvousTimeoutSeconds, and the group says so, quoting torchrun.
     ns = real_ns
     doc = job_doc("gang")
     doc["spec"]["policies"][0]["trainer"] = {
-        "replicas": 2,
+        "replicas": 3,
         "rendezvousTimeoutSeconds": 10,
         "restartLimit": 5,
+        "resources": {"requests": {"cpu": "20"}},
     }
     started = time.monotonic()
     apply(kubectl, ns, doc)
