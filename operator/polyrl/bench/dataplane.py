@@ -245,7 +245,6 @@ async def ledger(run: Pipeline) -> dict[str, Any]:
         "dropped_stale": run.trainer.stale,
         "still_queued": queued,
         "overload_unaccounted": published - accounted,
-        "requests_waiting_max": natsconfig.REQUEST_CAP,  # the queue's limit, never reached
     }
 
 
@@ -257,41 +256,50 @@ async def remove(url: str, names: JobNames) -> None:
         await nc.close()
 
 
-async def stream_vs_raw(url: str, count: int) -> dict[str, Any]:
+async def stream_vs_raw(url: str, count: int, rounds: int = 5) -> dict[str, Any]:
     """The trajectory stream (as the runner publishes and the trainer parses) against raw
-    JetStream publish and consume of messages of the same size, one after the other."""
+    JetStream publish and consume of messages of the same size. The two alternate over
+    `rounds` rounds of `count / rounds` messages each, and the medians are compared: one
+    measurement of each, one after the other, varied by a third on this machine."""
     trajectory = Trajectory(
         id="e/0", episode_id="e", group_id="e/g", policy=POLICY, prompt_tokens=list(range(12)),
         tokens=[1] * NEW_TOKENS, logprobs=[-0.5] * NEW_TOKENS, reward=1.0, weight_version=0,
         created_at=time.time(),
     )  # fmt: skip
     size = len(trajectory.model_dump_json())
+    each = max(1, count // rounds)
+
+    def encode(i: int) -> bytes:
+        return trajectory.model_copy(update={"id": f"e{i}/0"}).model_dump_json().encode()
+
+    raw: list[float] = []
+    parsed: list[float] = []
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        raw_name = f"bench-raw-{uuid.uuid4().hex[:6]}"
-        await js.add_stream(StreamConfig(name=raw_name, subjects=[f"{raw_name}.x"]))
-        raw = await _through(js, raw_name, f"{raw_name}.x", count, lambda i: b"x" * size)
-        await js.delete_stream(raw_name)
-        names = JobNames(namespace="bench", job=f"stream-{uuid.uuid4().hex[:6]}")
-        await natsconfig.ensure(js, names, [POLICY])
-
-        def encode(i: int) -> bytes:
-            return trajectory.model_copy(update={"id": f"e{i}/0"}).model_dump_json().encode()
-
-        parsed = await _through(
-            js, names.trajectories_stream(POLICY), names.trajectories_subject(POLICY), count,
-            encode, parse=Trajectory.model_validate_json,
-        )  # fmt: skip
-        await natsconfig.remove(js, names, [POLICY])
+        for _ in range(rounds):
+            name = f"bench-raw-{uuid.uuid4().hex[:6]}"
+            await js.add_stream(StreamConfig(name=name, subjects=[f"{name}.x"]))
+            raw.append(await _through(js, name, f"{name}.x", each, lambda i: b"x" * size))
+            await js.delete_stream(name)
+            names = JobNames(namespace="bench", job=f"stream-{uuid.uuid4().hex[:6]}")
+            await natsconfig.ensure(js, names, [POLICY])
+            stream, subject = names.trajectories_stream(POLICY), names.trajectories_subject(POLICY)
+            parse = Trajectory.model_validate_json
+            parsed.append(await _through(js, stream, subject, each, encode, parse=parse))
+            await natsconfig.remove(js, names, [POLICY])
     finally:
         await nc.close()
+    raw_median, parsed_median = statistics.median(raw), statistics.median(parsed)
     return {
         "message_bytes": size,
-        "messages": count,
-        "raw_msgs_per_s": raw,
-        "trajectory_msgs_per_s": parsed,
-        "stream_over_raw": round(parsed / raw, 3),
+        "messages": each * rounds,
+        "rounds": rounds,
+        "raw_msgs_per_s": raw_median,
+        "trajectory_msgs_per_s": parsed_median,
+        "raw_range": [min(raw), max(raw)],
+        "trajectory_range": [min(parsed), max(parsed)],
+        "stream_over_raw": round(parsed_median / raw_median, 3),
     }
 
 
@@ -323,13 +331,14 @@ async def _measure(url: str, tmp: Path, quick: bool) -> dict[str, Any]:
     )
     models.export(model, tokenizer, tmp / "bundle")
     figures: dict[str, Any] = {"quick": quick, "batch": BATCH, "new_tokens": NEW_TOKENS}
+    # First, on the fresh server: after the pipelines its rates are lower and noisier.
+    figures["stream"] = await stream_vs_raw(url, plan["messages"])
     for n in plan["replicas"]:
         figures[f"replicas_{n}"] = await pipeline(
             url, tmp / "bundle", n, warmup=plan["warmup"], window=plan["window"]
         )
     rates = [figures[f"replicas_{n}"]["samples_per_s"] for n in plan["replicas"]]
     figures["scaling_last_over_first"] = round(rates[-1] / rates[0], 2) if rates[0] else None
-    figures["stream"] = await stream_vs_raw(url, plan["messages"])
     figures["overload"] = await pipeline(
         url, tmp / "bundle", 4, warmup=plan["warmup"], window=plan["window"], delay=0.5
     )
