@@ -29,17 +29,30 @@ SPEC = RLJobSpec.model_validate(
 )
 
 
+VERIFIER_TEXTS = ("7", "12y", "99", "5n")
+SOLVER_TEXTS = ("1", "2", "3", "4")
+
+
 def episode(
-    finished: frozenset[str], warming: frozenset[str] = frozenset()
+    finished: frozenset[str],
+    warming: frozenset[str] = frozenset(),
+    *,
+    spec: RLJobSpec = SPEC,
+    texts: tuple[tuple[str, ...], tuple[str, ...]] = (SOLVER_TEXTS, VERIFIER_TEXTS),
+    prompts: list[tuple[Any, int]] | None = None,
 ) -> tuple[Episode, list[str], list[tuple[str, float]]]:
+    """An episode whose policies answer with `texts` (solver's, verifier's), cycled; what it
+    asked (and, given `prompts`, the verifier's prompts and budgets) and sent are recorded."""
     asked: list[str] = []
     sent: list[tuple[str, float]] = []
 
     async def generate(policy: str, prompt: Any, n: int, max_new: int) -> GenerationResponse:
         asked.append(policy)
-        texts = ["7", "12y", "99", "5n"] if policy == "verifier" else ["1", "2", "3", "4"]
+        said = texts[1] if policy == "verifier" else texts[0]
+        if policy == "verifier" and prompts is not None:
+            prompts.append((prompt, max_new))
         completions = [
-            Completion(tokens=[1], logprobs=[-0.1], text=texts[i % 4], finish_reason="stop")
+            Completion(tokens=[1], logprobs=[-0.1], text=said[i % len(said)], finish_reason="stop")
             for i in range(n)
         ]
         return GenerationResponse(
@@ -53,8 +66,8 @@ def episode(
 
     made = Episode(
         id="e",
-        spec=SPEC,
-        task=load_task(SPEC.workflow.task),
+        spec=spec,
+        task=load_task(spec.workflow.task),
         rng=random.Random(0),
         _generate=generate,
         _emit=emit,
@@ -159,30 +172,10 @@ async def test_a_chat_verifier_gets_its_messages_and_its_verdicts_are_read_with_
         "wrong": "wrong",
     }
     spec = RLJobSpec.model_validate(doc)
-    prompts: list[Any] = []
-    sent: list[tuple[str, float]] = []
-
-    async def generate(policy: str, prompt: Any, n: int, max_new: int) -> GenerationResponse:
-        if policy == "verifier":
-            prompts.append((prompt, max_new))
-            texts = ["4 => right", "4 => wrong", "no verdict here", "4 => RIGHT"]
-        else:
-            texts = ["4", "5", "4", "5"]  # half right, whatever the problem: see `truth` below
-        completions = [
-            Completion(tokens=[1], logprobs=[-0.1], text=texts[i % 4], finish_reason="stop")
-            for i in range(n)
-        ]
-        return GenerationResponse(
-            id="r", pod="p", weight_version=3, prompt_tokens=[1], completions=completions
-        )
-
-    async def emit(
-        policy: str, group: str, response: GenerationResponse, index: int, reward: float
-    ) -> None:
-        sent.append((policy, reward))
-
-    made = Episode(id="e", spec=spec, task=load_task(spec.workflow.task), rng=random.Random(0),
-                   _generate=generate, _emit=emit, finished=frozenset(), warming=frozenset())  # fmt: skip
+    prompts: list[tuple[Any, int]] = []
+    # The solver answers "4" or "5", right only where that is the answer: `picked` below.
+    verifier = ("4 => right", "4 => wrong", "no verdict here", "4 => RIGHT")
+    made, _, sent = episode(frozenset(), spec=spec, texts=(("4", "5"), verifier), prompts=prompts)
     await SolverVerifier().run(made)
     assert len(prompts) == 2
     for messages, budget in prompts:
