@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import logging
 import ssl
 from pathlib import Path
 from typing import Any
@@ -303,3 +304,43 @@ def test_every_worker_pod_declares_its_metrics_port_and_tells_the_worker() -> No
         container = render.pod(launch, namespace="team", owner={})["spec"]["containers"][0]
         assert {"name": "metrics", "containerPort": 9400} in container["ports"]
         assert {"name": "POLYRL_METRICS_PORT", "value": "9400"} in container["env"]
+
+
+class StopAfter:
+    """kopf's DaemonStopped as the loop reads it: falsy until `passes` checks are done."""
+
+    def __init__(self, passes: int) -> None:
+        self.left = passes
+
+    def __bool__(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+
+async def test_a_reconcile_pass_that_raises_is_counted_logged_and_retried() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import REGISTRY
+
+    from polyrl.operator import main
+    from polyrl.operator.context import Wakers
+
+    def errors() -> float:
+        found = REGISTRY.get_sample_value(
+            "polyrl_operator_reconcile_errors_total", {"kind": "group"}
+        )
+        return found or 0.0
+
+    calls: list[int] = []
+
+    async def step() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the API server said 500")
+
+    ctx = SimpleNamespace(wakers=Wakers(), settings=SimpleNamespace(status_interval=0.01))
+    before = errors()
+    logger = logging.getLogger("test-loop")
+    await main._loop(ctx, "group", "ns", "g", StopAfter(2), logger, step)  # type: ignore[arg-type]
+    assert len(calls) == 2  # the failed pass was retried, the loop lived on
+    assert errors() == before + 1

@@ -134,6 +134,7 @@ async def _loop(
             try:
                 await step()
             except Exception:  # a failed pass is retried on the next wake, never crashes
+                metrics.RECONCILE_ERRORS.labels(kind=kind).inc()
                 logger.exception("reconciling %s %s/%s failed; retrying", kind, namespace, name)
             await _sleep(ctx, kind, namespace, name, stopped)
     finally:

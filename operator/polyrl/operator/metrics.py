@@ -19,6 +19,11 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
 )
 RECONCILES = Counter("polyrl_operator_reconciles_total", "Reconcile passes", ["kind"])
+RECONCILE_ERRORS = Counter(
+    "polyrl_operator_reconcile_errors_total",
+    "Reconcile passes that raised (logged, and retried on the next wake)",
+    ["kind"],
+)
 PODS = Gauge("polyrl_operator_pods", "Managed pods by role and phase", ["role", "phase"])
 DRAINS = Counter("polyrl_operator_drains_total", "Rollout pods drained", ["outcome"])
 SCALE_SECONDS = Histogram(
