@@ -21,6 +21,7 @@ math. So the figures are what NATS, the wire models and the workers' loops susta
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import statistics
 import tempfile
@@ -80,6 +81,7 @@ class NullTrainer:
     trained: int = 0
     stale: int = 0
     steps: int = 0
+    trained_ids: collections.Counter[str] = field(default_factory=collections.Counter)
 
     async def run(self) -> None:
         from polyrl.workers import trainer
@@ -101,6 +103,7 @@ class NullTrainer:
             for msg in msgs:
                 await msg.ack()
             self.trained += len(kept)
+            self.trained_ids.update(t.id for t in kept)
             self.stale += dropped
             self.steps += 1
         with contextlib.suppress(Exception):
@@ -225,27 +228,46 @@ async def pipeline(
 
 
 async def ledger(run: Pipeline) -> dict[str, Any]:
-    """Stop generating, let the trainer catch up, and account for every trajectory."""
+    """Stop generating, let the trainer take everything, and account for every trajectory by
+    the stream's own ids: each trained once, or dropped as stale (counted)."""
     assert run.trainer is not None
     await run.stop_generating()
     js = run.trainer.rt.js
     stream = run.names.trajectories_stream(POLICY)
-    for _ in range(60):  # until the trainer has been handed everything (its last batch is
-        info = await js.consumer_info(stream, JobNames.trainer_consumer)  # short: unacked)
+    for _ in range(60):  # until the trainer has been handed everything
+        info = await js.consumer_info(stream, JobNames.trainer_consumer)
         if not info.num_pending:
             break
         await asyncio.sleep(0.5)
-    published = (await js.stream_info(stream)).state.last_seq
-    queued = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-    accounted = run.trainer.trained + run.trainer.stale + queued
+    await asyncio.sleep(run.trainer.delay + 1.0)  # its last batch
+    run.trainer.rt.stopping.set()  # it acknowledges what it holds, short batch or not
+    await asyncio.wait_for(asyncio.gather(run.tasks[0], return_exceptions=True), 30)
+    published = await stream_ids(js, run.names.trajectories_subject(POLICY))
+    trained = run.trainer.trained_ids
     return {
         "trainer_delay_s": run.trainer.delay,
-        "published": published,
+        "published": len(published),
         "trained": run.trainer.trained,
         "dropped_stale": run.trainer.stale,
-        "still_queued": queued,
-        "overload_unaccounted": published - accounted,
+        "trained_twice": sum(1 for n in trained.values() if n > 1),
+        "never_published": len(set(trained) - set(published)),
+        "overload_unaccounted": len(set(published) - set(trained)) - run.trainer.stale,
     }
+
+
+async def stream_ids(js: Any, subject: str) -> list[str]:
+    """The id of every trajectory the stream holds, read from the start."""
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    ids: list[str] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=2)
+            except nats.errors.TimeoutError:
+                return ids
+            ids.append(Trajectory.model_validate_json(msg.data).id)
+    finally:
+        await sub.unsubscribe()
 
 
 async def remove(url: str, names: JobNames) -> None:

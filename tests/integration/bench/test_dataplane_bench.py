@@ -43,7 +43,10 @@ async def test_an_overloaded_trainer_leaves_no_trajectory_unaccounted_for(
     )
     assert figures["published"] > 0
     assert figures["trained"] > 0
+    # By the stream's own ids: every one trained once (none stale here), nothing else trained.
     assert figures["overload_unaccounted"] == 0, figures
+    assert (figures["trained_twice"], figures["never_published"]) == (0, 0), figures
+    assert figures["trained"] == figures["published"] - figures["dropped_stale"]
 
 
 async def test_the_stream_comparison_measures_both_sides(nats_server: NatsServer) -> None:
