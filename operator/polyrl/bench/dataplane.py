@@ -121,7 +121,9 @@ class Pipeline:
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     rollouts: list[Any] = field(default_factory=list)
     runner: Any = None
+    runner_task: asyncio.Task[Any] | None = None
     trainer: NullTrainer | None = None
+    trainer_task: asyncio.Task[Any] | None = None
 
     async def connect(self, role: Role, pod: str) -> Any:
         from polyrl.workers.runtime import Runtime
@@ -144,7 +146,8 @@ class Pipeline:
         await publish_policy(self.url, self.names, bundle_dir)
         tokenizer = AutoTokenizer.from_pretrained(bundle_dir, local_files_only=True)
         self.trainer = NullTrainer(await self.connect(Role.TRAINER, "trainer-0"), BATCH, delay)
-        self.tasks.append(asyncio.create_task(self.trainer.run()))
+        self.trainer_task = asyncio.create_task(self.trainer.run())
+        self.tasks.append(self.trainer_task)
         for i in range(replicas):
             rt = await self.connect(Role.ROLLOUT, f"rollout-{i}")
             worker = RolloutWorker(rt, NullEngine(), tokenizer, model=ModelFacts.of(tokenizer))
@@ -156,7 +159,8 @@ class Pipeline:
         from polyrl.workers import main
 
         self.runner = main.build_workflow(await self.connect(Role.WORKFLOW, "workflow-0"))
-        self.tasks.append(asyncio.create_task(self.runner.run()))
+        self.runner_task = asyncio.create_task(self.runner.run())
+        self.tasks.append(self.runner_task)
 
     def counts(self) -> tuple[int, int]:
         assert self.trainer is not None
@@ -166,7 +170,8 @@ class Pipeline:
         """The runner first, while rollouts still answer its episodes in flight (stopped
         together, those would wait out the runner's drain timeout), then the rollouts."""
         self.runner.rt.stopping.set()
-        await asyncio.wait_for(asyncio.gather(self.tasks[-1], return_exceptions=True), 60)
+        assert self.runner_task is not None
+        await asyncio.wait_for(asyncio.gather(self.runner_task, return_exceptions=True), 60)
         for worker in self.rollouts:
             worker.rt.stopping.set()
 
@@ -241,7 +246,8 @@ async def ledger(run: Pipeline) -> dict[str, Any]:
         await asyncio.sleep(0.5)
     await asyncio.sleep(run.trainer.delay + 1.0)  # its last batch
     run.trainer.rt.stopping.set()  # it acknowledges what it holds, short batch or not
-    await asyncio.wait_for(asyncio.gather(run.tasks[0], return_exceptions=True), 30)
+    assert run.trainer_task is not None
+    await asyncio.wait_for(asyncio.gather(run.trainer_task, return_exceptions=True), 30)
     published = await stream_ids(js, run.names.trajectories_subject(POLICY))
     trained = run.trainer.trained_ids
     return {

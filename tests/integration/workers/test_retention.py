@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import nats
 import pytest
+from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.errors import APIError
 from nats.js.kv import KeyValue
@@ -29,14 +31,26 @@ from polyrl.workers.deltas.sync import WeightSync
 pytestmark = pytest.mark.slow
 
 POLICY, VERSIONS, EVERY, AWAY = "solver", 301, 20, (10, 110)
+Job = tuple[JetStreamContext, JobNames]
 
 
-async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_catches_up(
-    nats_server: NatsServer,
-) -> None:
+@pytest.fixture
+async def job(nats_server: NatsServer) -> AsyncIterator[Job]:
+    """A fresh job's JetStream context and names; its streams and buckets go afterwards."""
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     names = JobNames(namespace="test", job=f"keep-{uuid.uuid4().hex[:8]}")
+    try:
+        yield js, names
+    finally:
+        await natsconfig.remove(js, names, [POLICY])
+        await nc.close()
+
+
+async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_catches_up(
+    job: Job,
+) -> None:
+    js, names = job
     kv = await js.create_key_value(KeyValueConfig(bucket=names.heartbeats_bucket))
     store = await weights_only(js, names)
     versions = trainer_versions(VERSIONS, changed=0.05)
@@ -77,8 +91,6 @@ async def test_pruning_bounds_the_bucket_for_300_versions_and_an_absent_replica_
         assert most_messages <= limit
     finally:
         await store.close()
-        await natsconfig.remove(js, names, [POLICY])
-        await nc.close()
 
 
 async def beat(kv: KeyValue, pod: str, version: int) -> None:
@@ -90,12 +102,8 @@ async def beat(kv: KeyValue, pod: str, version: int) -> None:
     )
 
 
-async def test_a_full_weights_bucket_refuses_a_publish_and_keeps_its_bound(
-    nats_server: NatsServer,
-) -> None:
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    names = JobNames(namespace="test", job=f"full-{uuid.uuid4().hex[:8]}")
+async def test_a_full_weights_bucket_refuses_a_publish_and_keeps_its_bound(job: Job) -> None:
+    js, names = job
     store = await weights_only(js, names)
     versions = trainer_versions(3, changed=0.05)
     publisher = WeightPublisher(store, names, POLICY, keyframe_every=EVERY)
@@ -110,16 +118,12 @@ async def test_a_full_weights_bucket_refuses_a_publish_and_keeps_its_bound(
         assert info.config.max_msgs == 4
     finally:
         await store.close()
-        await natsconfig.remove(js, names, [POLICY])
-        await nc.close()
 
 
 async def test_a_full_request_queue_refuses_new_requests_and_keeps_the_waiting_ones(
-    nats_server: NatsServer,
+    job: Job,
 ) -> None:
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    names = JobNames(namespace="test", job=f"queue-{uuid.uuid4().hex[:8]}")
+    js, names = job
     (requests,) = [
         c for c in natsconfig.streams(names, [POLICY]) if c.name == names.requests_stream(POLICY)
     ]
@@ -139,4 +143,3 @@ async def test_a_full_request_queue_refuses_new_requests_and_keeps_the_waiting_o
         assert [m.data for m in await sub.fetch(3, timeout=2)] == [b"r0", b"r1", b"r2"]
     finally:
         await js.delete_stream(requests.name or "")
-        await nc.close()
