@@ -239,6 +239,27 @@ def test_the_operator_reads_tls_from_the_secrets_ca_and_client_pair(tmp_path: Pa
     assert natshub._tls({"token": "dG9r"}) == {}  # no CA: no TLS options
 
 
+async def test_a_closed_tls_socket_without_a_client_certificate_gets_the_certificate_hint(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / natstls.CA).write_text("ca")
+    assert natstls.lacks_client_cert(tmp_path)
+    errors = natstls.LastError(logging.getLogger("t"), no_client_cert=True)
+    await errors.record(BrokenPipeError())
+    assert "wants a client certificate: tls.crt and tls.key" in errors.why(TimeoutError())
+    refused = ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] alert")
+    refused.reason = "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+    await errors.record(refused)
+    await errors.record(ConnectionResetError())  # the closed socket after it says less
+    assert errors.why(TimeoutError()).startswith("TLS: TLSV13_ALERT_CERTIFICATE_REQUIRED")
+    (tmp_path / natstls.CERT).write_text("c")
+    (tmp_path / natstls.KEY).write_text("k")
+    assert not natstls.lacks_client_cert(tmp_path)
+    plain = natstls.LastError(logging.getLogger("t"))
+    await plain.record(BrokenPipeError())
+    assert plain.why(TimeoutError()) == "BrokenPipeError"  # no TLS hint without TLS
+
+
 def test_pvc_data_files_are_mounted_in_workflow_and_trainer_pods_once_per_claim() -> None:
     doc = copy.deepcopy(JOB)
     doc["spec"]["policies"][0]["model"] = {"path": "pvc://shared/model"}

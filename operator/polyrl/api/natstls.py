@@ -31,8 +31,21 @@ def context(directory: Path) -> ssl.SSLContext | None:
     return tls
 
 
-def explain(err: BaseException) -> str:
-    """What a failed connection says: a TLS failure with its reason, anything else by type."""
+def lacks_client_cert(directory: Path) -> bool:
+    """TLS is on (a CA) but the client has no certificate to present."""
+    return (directory / CA).is_file() and not (
+        (directory / CERT).is_file() and (directory / KEY).is_file()
+    )
+
+
+def explain(err: BaseException, *, no_client_cert: bool = False) -> str:
+    """What a failed connection says: a TLS failure with its reason, anything else by type.
+
+    Under TLS 1.3 a server that wants a client certificate says so only after the client's
+    handshake is done; the client may see that alert, or only the closed socket when it
+    writes next (a broken pipe or a reset). Without a certificate of our own, that closed
+    socket gets the same hint as the alert.
+    """
     if isinstance(err, ssl.SSLCertVerificationError):
         return f"TLS: the server's certificate was not accepted ({err.verify_message}; is {CA} the CA that signed it?)"
     if isinstance(err, ssl.SSLError):
@@ -40,6 +53,11 @@ def explain(err: BaseException) -> str:
         if "CERTIFICATE_REQUIRED" in reason:
             return f"TLS: {reason} (the server wants a client certificate: {CERT} and {KEY})"
         return f"TLS: {reason}"
+    if no_client_cert and isinstance(err, (BrokenPipeError, ConnectionResetError)):
+        return (
+            f"{type(err).__name__}: the server closed the TLS connection (if it verifies "
+            f"clients, the server wants a client certificate: {CERT} and {KEY})"
+        )
     return type(err).__name__
 
 
@@ -50,15 +68,17 @@ class LastError:
     timeout, which then says only "TimeoutError"; `why` gives the error behind it.
     """
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, *, no_client_cert: bool = False) -> None:
         self.log = log
+        self.no_client_cert = no_client_cert
         self.error: BaseException | None = None
 
     async def record(self, error: BaseException) -> None:
         if self.error is None or type(error) is not type(self.error):
-            self.log.warning("NATS: %s", explain(error))
-        self.error = error
+            self.log.warning("NATS: %s", explain(error, no_client_cert=self.no_client_cert))
+        if not (isinstance(self.error, ssl.SSLError) and not isinstance(error, ssl.SSLError)):
+            self.error = error  # a TLS refusal says more than the closed socket after it
 
     def why(self, error: BaseException) -> str:
         behind = self.error if isinstance(error, TimeoutError) and self.error else error
-        return explain(behind)
+        return explain(behind, no_client_cert=self.no_client_cert)

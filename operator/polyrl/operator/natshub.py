@@ -86,6 +86,7 @@ class NatsHub:
         self.conns: dict[tuple[str, str | None, str], NatsClient] = {}
         self.channels: dict[tuple[str, str], JobChannel] = {}
         self.ensured: dict[tuple[str, str], int] = {}  # job -> generation ensured
+        self.lacks_client_cert: dict[tuple[str, str | None, str], bool] = {}  # TLS, no cert
 
     def url_of(self, job: RLJob) -> str:
         return job.spec.nats.url or self.settings.nats_url
@@ -102,8 +103,8 @@ class NatsHub:
         conn = self.conns.get(key)
         if conn is not None and conn.is_connected:
             return conn
-        options = await self._credentials(secret, secret_ns)
-        errors = natstls.LastError(log)
+        options = await self._credentials(url, secret, secret_ns)
+        errors = natstls.LastError(log, no_client_cert=self.lacks_client_cert.get(key, False))
         try:
             conn = await asyncio.wait_for(
                 nats.connect(
@@ -122,11 +123,14 @@ class NatsHub:
         self.conns[key] = conn
         return conn
 
-    async def _credentials(self, secret: str | None, namespace: str) -> dict[str, Any]:
+    async def _credentials(self, url: str, secret: str | None, namespace: str) -> dict[str, Any]:
         if not secret:
             return {}
         data = await self.kube.read_secret(namespace, secret)
         options = _tls(data)
+        self.lacks_client_cert[(url, secret, namespace)] = natstls.CA in data and not (
+            natstls.CERT in data and natstls.KEY in data
+        )
         if "token" in data:
             return options | {"token": base64.b64decode(data["token"]).decode()}
         if "creds" in data:

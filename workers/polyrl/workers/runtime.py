@@ -175,7 +175,10 @@ class Runtime:
 
     @classmethod
     async def connect(cls, config: WorkerConfig, pod: str, *, timeout: float = 10.0) -> Runtime:
-        errors = natstls.LastError(log)
+        tls_dir = os.environ.get(natstls.TLS_DIR_ENV)
+        errors = natstls.LastError(
+            log, no_client_cert=bool(tls_dir) and natstls.lacks_client_cert(Path(tls_dir or "."))
+        )
         try:
             nc = await asyncio.wait_for(
                 nats.connect(
