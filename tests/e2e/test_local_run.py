@@ -90,3 +90,7 @@ def test_a_run_trains_publishes_checkpoints_and_ctrl_c_stops_every_process_clean
     assert (run_dir / "trainers" / "local" / "tiny" / "solver" / "checkpoint").is_dir()
     assert (run_dir / "plot.png").stat().st_size > 1000
     assert f"run directory: {run_dir}" in " ".join(out.split())
+    # every worker ran as its role's NATS user (polyrl.api.access), and needed nothing more
+    server_log = (run_dir / "nats" / "nats-server.log").read_text()
+    assert "resolver: MEMORY" in (run_dir / "nats" / "nats.conf").read_text()  # JWT users only
+    assert "Violation" not in server_log, [x for x in server_log.splitlines() if "Violation" in x]

@@ -20,6 +20,9 @@ from polyrl.api.resources import RLJobSpec
 
 CONFIG_ENV = "POLYRL_WORKER_CONFIG"
 POD_NAME_ENV = "POLYRL_POD_NAME"
+# A NATS creds file's text (a user JWT and its seed): the worker's own user, whose
+# permissions `polyrl.api.access` grants; a worker with one never creates streams.
+NATS_CREDS_ENV = "POLYRL_NATS_CREDS"
 TRAINER_DIR_ENV = "POLYRL_TRAINER_DIR"  # where a trainer keeps models and checkpoints
 CHECKPOINT_MOUNT = "/var/lib/polyrl"  # the checkpoint claim, in a trainer's first pod
 RDZV_PORT = 29400

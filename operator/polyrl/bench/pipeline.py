@@ -57,10 +57,12 @@ def variant(job: RLJob, *, mode: str, steps: int, warmup: int | None) -> RLJob:
     return RLJob.model_validate(doc)
 
 
-async def _heartbeats(url: str, names: JobNames) -> list[Heartbeat]:
+async def _heartbeats(url: str, creds: Path, names: JobNames) -> list[Heartbeat]:
     import nats
 
-    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+    nc = await nats.connect(
+        url, user_credentials=str(creds), connect_timeout=2, max_reconnect_attempts=0
+    )
     try:
         kv = await nc.jetstream().key_value(names.heartbeats_bucket)
         beats = []
@@ -85,7 +87,7 @@ def run_mode(job: RLJob, run_dir: Path) -> dict[str, Any]:
             return
         last = time.monotonic()
         try:
-            for beat in asyncio.run(_heartbeats(run.nats.url, names)):
+            for beat in asyncio.run(_heartbeats(run.nats.url, run.admin_creds, names)):
                 if beat.role != "trainer" or beat.step > 0:
                     beats[beat.pod] = beat
         except Exception:  # the job's streams may not exist yet; try at the next tick

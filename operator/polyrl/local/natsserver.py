@@ -4,9 +4,12 @@ Used by the test session (one per session), by `polyrl run` (embedded) and by ha
 
     python -m polyrl.local.natsserver        # runs until Ctrl-C, prints the URL
 
-`max_payload` is raised to 8 MiB so weight objects can use large chunks; the store lives in a
+`max_payload` is raised to 8 MiB so weight objects can use large chunks, and
+`max_control_line` to 64 KiB for the user JWTs of jobs with many policies; the store lives in a
 temporary directory that `stop()` removes. With `tls` (PEM files) it serves TLS only, and
-with `tls.verify_clients` it also requires a client certificate signed by `tls.ca`.
+with `tls.verify_clients` it also requires a client certificate signed by `tls.ca`. With
+`trust` it admits only users signed by that trust's account (`polyrl.api.natsjwt`), each
+with its JWT's permissions.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from polyrl.api.natsjwt import Trust
 from polyrl.local import processes
 from polyrl.local.errors import StartupError
 
 MAX_PAYLOAD = 8 * 1024 * 1024
+# A CONNECT line carries the user's JWT, and a workflow runner's JWT lists the subjects of
+# every policy of its job: past nats-server's default 4 KiB for three policies or more.
+MAX_CONTROL_LINE = 64 * 1024
 
 
 def binary() -> Path:
@@ -59,8 +66,10 @@ class NatsServer:
         port: int = 0,
         ready_timeout: float = 20.0,
         tls: ServerTls | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.tls = tls
+        self.trust = trust
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="polyrl-nats-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -104,12 +113,17 @@ class NatsServer:
     def _config(self) -> str:
         store = self.workdir / "jetstream"
         return (
-            f"listen: 127.0.0.1:{self.port}\n"
-            f"http: 127.0.0.1:{self.monitor_port}\n"
-            f"max_payload: {MAX_PAYLOAD}\n"
-            f"jetstream {{\n  store_dir: {str(store)!r}\n"
-            "  max_memory_store: 1GB\n  max_file_store: 20GB\n}\n"
-        ) + self._tls_config()
+            (
+                f"listen: 127.0.0.1:{self.port}\n"
+                f"http: 127.0.0.1:{self.monitor_port}\n"
+                f"max_payload: {MAX_PAYLOAD}\n"
+                f"max_control_line: {MAX_CONTROL_LINE}\n"
+                f"jetstream {{\n  store_dir: {str(store)!r}\n"
+                "  max_memory_store: 1GB\n  max_file_store: 20GB\n}\n"
+            )
+            + self._tls_config()
+            + (self.trust.server_config() if self.trust else "")
+        )
 
     def _tls_config(self) -> str:
         if self.tls is None:

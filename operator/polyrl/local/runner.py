@@ -1,8 +1,11 @@
 """The local runner: `plan()`'s WorkerLaunches as processes around an embedded nats-server.
 
 There is no second way of wiring the system: each launch's command and env are used as
-the operator would put them in a Pod (`$(VAR)` expanded the same way), with four local
-additions: the process is named like its pod (POLYRL_POD_NAME), workers write metrics and
+the operator would put them in a Pod (`$(VAR)` expanded the same way), with five local
+additions: the process is named like its pod (POLYRL_POD_NAME), it is a NATS user with only
+its role's permissions, signed by the run's own trust (`polyrl.api.natsjwt`, as the operator
+signs a pod's user; the run's admin user, which creates the streams, is in
+`<run>/nats/admin.creds`), workers write metrics and
 checkpoints into the run directory, torch uses one thread per process (on a small machine,
 more threads per process only contend), the job file's directory (`code_dir`) comes first
 on PYTHONPATH, so a workflow module beside the job file is found (on a cluster it is in the
@@ -13,6 +16,7 @@ and stopped on exit, Ctrl-C or SIGTERM.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -21,8 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from polyrl.api import plan
-from polyrl.api.launch import POD_NAME_ENV, TERMINATION_LOG_ENV, Role, WorkerLaunch
+import nats
+
+from polyrl.api import access, natsconfig, natsjwt, plan
+from polyrl.api.launch import (
+    NATS_CREDS_ENV,
+    POD_NAME_ENV,
+    TERMINATION_LOG_ENV,
+    Role,
+    WorkerLaunch,
+)
+from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJob
 from polyrl.local import environments, processes
 from polyrl.local.natsserver import NatsServer
@@ -48,23 +61,55 @@ class LocalRun:
     """Put first on the workers' PYTHONPATH: where the job's own workflow module lives."""
     vllm_env: Path | None = None
     """The environment vLLM rollout workers run in (`environments.vllm_env`)."""
+    trust: natsjwt.Trust = field(default_factory=natsjwt.Trust.new)
+    """The embedded server's trust: each worker is a user with only its role's subjects."""
 
     @property
     def metrics(self) -> Path:
         return self.run_dir / "metrics.jsonl"
 
+    @property
+    def admin_creds(self) -> Path:
+        """The run's admin user (every subject): for the nats CLI or a script, while it runs."""
+        return self.run_dir / "nats" / "admin.creds"
+
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(self.run_dir / "nats")
+        self.nats = NatsServer(self.run_dir / "nats", trust=self.trust)
         self.nats.start()
+        self.admin_creds.write_text(self.trust.signer.user_creds("admin", access.ADMIN))
+        self.admin_creds.chmod(0o600)
+        asyncio.run(self._create_streams(self.nats.url))
         for launch in plan.plan(self.job, nats_url=self.nats.url).launches:
             self._spawn(launch)
+
+    async def _create_streams(self, url: str) -> None:
+        """What the operator does for a job on a cluster: the workers' users may not."""
+        nc = await nats.connect(url, user_credentials=str(self.admin_creds))
+        try:
+            await natsconfig.ensure(nc.jetstream(), self.names, self.policies)
+        finally:
+            await nc.close()
+
+    @property
+    def names(self) -> JobNames:
+        return JobNames(namespace=self.job.metadata.namespace, job=self.job.metadata.name)
+
+    @property
+    def policies(self) -> list[str]:
+        return [p.name for p in self.job.spec.policies]
+
+    def _user(self, launch: WorkerLaunch) -> str:
+        """A creds file for `launch`'s role and policy, as the operator signs for a pod."""
+        grant = access.grant(self.names, launch.role, launch.policy, self.policies)
+        return self.trust.signer.user_creds(launch.name, grant)
 
     def _spawn(self, launch: WorkerLaunch) -> None:
         env = {
             **os.environ,
             **launch.env,
             POD_NAME_ENV: launch.name,
+            NATS_CREDS_ENV: self._user(launch),
             "POLYRL_NAMESPACE": self.job.metadata.namespace,
             "POLYRL_METRICS_FILE": str(self.metrics),
             TERMINATION_LOG_ENV: str(self.termination_log(launch.name)),

@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from polyrl.api.naming import JobNames
+from polyrl.workers.deltas.store import ObjectMissing, WeightStore
 
 BUNDLE = "bundle"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -77,10 +78,10 @@ async def wait_for_object(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        try:
-            store = await js.object_store(names.weights_bucket(policy))
-            return (await store.get(name)).data or b""
-        except (ObjectNotFoundError, NotFoundError):
+        try:  # WeightStore names its stream: nats-py's own get looks it up account-wide
+            store = await WeightStore.open(js, names.weights_bucket(policy), bulk=False)
+            return bytes(await store.get(name))
+        except (ObjectMissing, ObjectNotFoundError, NotFoundError):
             if loop.time() >= deadline:
                 return None
             await asyncio.sleep(poll)

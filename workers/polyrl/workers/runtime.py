@@ -28,12 +28,13 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from polyrl.api import natsconfig, natstls
+from polyrl.api import access, natsconfig, natstls
 from polyrl.api.launch import (
     CONFIG_ENV,
     EXIT_INVALID_INPUT,
     EXIT_UNAVAILABLE,
     INVALID_INPUT_PREFIX,
+    NATS_CREDS_ENV,
     POD_NAME_ENV,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
@@ -149,7 +150,7 @@ def _credentials() -> dict[str, Any]:
         options["tls"] = tls
     if token := os.environ.get("POLYRL_NATS_TOKEN"):
         return options | {"token": token}
-    if creds := os.environ.get("POLYRL_NATS_CREDS"):
+    if creds := os.environ.get(NATS_CREDS_ENV):
         fd, path = tempfile.mkstemp(prefix="polyrl-", suffix=".creds")
         with os.fdopen(fd, "w") as out:
             out.write(creds)
@@ -175,6 +176,7 @@ class Runtime:
 
     @classmethod
     async def connect(cls, config: WorkerConfig, pod: str, *, timeout: float = 10.0) -> Runtime:
+        names = JobNames(namespace=config.namespace, job=config.job)
         tls_dir = os.environ.get(natstls.TLS_DIR_ENV)
         errors = natstls.LastError(
             log, no_client_cert=bool(tls_dir) and natstls.lacks_client_cert(Path(tls_dir or "."))
@@ -186,6 +188,7 @@ class Runtime:
                     max_reconnect_attempts=-1,
                     drain_timeout=DRAIN_SECONDS,
                     error_cb=errors.record,
+                    inbox_prefix=access.inbox_prefix(names, config.role, config.policy),
                     **_credentials(),
                 ),
                 timeout=timeout,
@@ -195,8 +198,8 @@ class Runtime:
                 f"cannot reach NATS at {config.nats_url}: {errors.why(err)}"
             ) from None
         js = nc.jetstream()
-        names = JobNames(namespace=config.namespace, job=config.job)
-        await natsconfig.ensure(js, names, [p.name for p in config.spec.policies])
+        if NATS_CREDS_ENV not in os.environ:  # a role's user may not create: its job's admin did
+            await natsconfig.ensure(js, names, [p.name for p in config.spec.policies])
         kv = await js.key_value(names.heartbeats_bucket)
         return cls(config=config, pod=pod, nc=nc, js=js, names=names, kv=kv)
 

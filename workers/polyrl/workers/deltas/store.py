@@ -140,12 +140,17 @@ class WeightStore:
         return ObjectMeta(name, info.nuid, info.size or 0, info.chunks or 0, info.digest or "")
 
     async def sizes(self) -> dict[str, int]:
-        """Every live object's name and size (what `chain.plan_sync` plans over)."""
-        try:
-            infos = await self.objects.list(ignore_deletes=True)
-        except NotFoundError:
-            return {}
-        return {info.name: info.size or 0 for info in infos if not info.deleted}
+        """Every live object's name and size (what `chain.plan_sync` plans over).
+
+        From the last metadata message of each object, found through the stream's info:
+        nats-py's `list` looks its stream up account-wide, which a worker's user may not.
+        """
+        meta = f"$O.{self.bucket}.M.>"
+        info = await self.js.stream_info(self.stream, subjects_filter=meta)
+        subjects = list((info.state.subjects or {}) if info.state else {})
+        last = await asyncio.gather(*(self.js.get_last_msg(self.stream, s) for s in subjects))
+        infos = [api.ObjectInfo.from_response(json.loads(msg.data or b"{}")) for msg in last]
+        return {o.name: o.size or 0 for o in infos if not o.deleted}
 
     async def delete(self, name: str) -> None:
         try:
