@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 from tests.operator_stack import OPERATOR_NS, PEERING, REPO, OperatorProcess
 
+from polyrl.api import natsjwt
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing import charts, tools
 from polyrl.testing.cluster import Cluster
@@ -149,15 +150,40 @@ def operator_kubeconfig(
     return path
 
 
+# The account whose signing key the session's operator holds (a Secret in its namespace).
+SESSION_TRUST = natsjwt.Trust.new()
+SIGNING_SECRET = "polyrl-nats-signing"
+
+
+def signing_secret(kubectl: Kubectl, trust: natsjwt.Trust) -> str:
+    """The Secret the chart's `nats.signingSecret` names: an account key and a signing seed."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SIGNING_SECRET, "namespace": OPERATOR_NS},
+        "stringData": {"account": trust.account.public, "seed": trust.signing.seed},
+    }
+    kubectl.apply(yaml.safe_dump(doc))
+    return SIGNING_SECRET
+
+
 @pytest.fixture(scope="session")
 def operator(
+    kubectl: Kubectl,
     operator_kubeconfig: Path,
     nats_server: NatsServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     """The one operator of the session; its pods run the fake worker until a test asks for
-    others (`operator.use(...)`)."""
-    op = OperatorProcess(operator_kubeconfig, nats_server.url, tmp_path_factory.mktemp("op"))
+    others (`operator.use(...)`). It signs every job's per-role NATS users with
+    `SESSION_TRUST`'s account signing key; the session's nats-server is open, so they are
+    wired and carried but not enforced here (enforcement: test_nats_access.py, polyrl run)."""
+    op = OperatorProcess(
+        operator_kubeconfig,
+        nats_server.url,
+        tmp_path_factory.mktemp("op"),
+        signing_secret=signing_secret(kubectl, SESSION_TRUST),
+    )
     op.start()
     yield op
     op.stop()

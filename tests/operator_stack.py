@@ -70,8 +70,10 @@ class OperatorProcess:
         workdir: Path,
         *,
         workers: Workers = FAKE_WORKERS,
+        signing_secret: str | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig_path
+        self.signing_secret = signing_secret
         self.nats_url = nats_url
         self.workdir = workdir
         self.workers = workers
@@ -89,7 +91,7 @@ class OperatorProcess:
             "POLYRL_STATUS_INTERVAL": "1",
             "POLYRL_CLEANUP_TIMEOUT": "4",
             "POLYRL_NATS_TIMEOUT": "2",
-        }
+        } | ({"POLYRL_NATS_SIGNING_SECRET": self.signing_secret} if self.signing_secret else {})
 
     def start(self) -> None:
         port = processes.free_port()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests import natslog
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -91,6 +92,4 @@ def test_a_run_trains_publishes_checkpoints_and_ctrl_c_stops_every_process_clean
     assert (run_dir / "plot.png").stat().st_size > 1000
     assert f"run directory: {run_dir}" in " ".join(out.split())
     # every worker ran as its role's NATS user (polyrl.api.access), and needed nothing more
-    server_log = (run_dir / "nats" / "nats-server.log").read_text()
-    assert "resolver: MEMORY" in (run_dir / "nats" / "nats.conf").read_text()  # JWT users only
-    assert "Violation" not in server_log, [x for x in server_log.splitlines() if "Violation" in x]
+    assert natslog.violations(run_dir) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests import documented
+from tests import documented, natslog
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -60,3 +60,4 @@ def test_the_math_dataset_example_runs_from_files_to_synced_weights(tmp_path: Pa
     runner = (tmp_path / "run/logs/math-dataset-workflow-0.log").read_text()
     assert "format detected" not in runner  # the example names its format
     assert "0 failed" in runner
+    assert natslog.violations(tmp_path / "run") == []  # every role's grant covered what it did

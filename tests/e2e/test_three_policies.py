@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests import documented
+from tests import documented, natslog
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,3 +30,4 @@ def test_the_three_policy_example_warms_up_and_evaluates_every_policy(tmp_path: 
     stages = [json.loads(x) for x in (run_dir / "stages.jsonl").read_text().splitlines()]
     assert {s["policy"] for s in stages if s["stage"] == "warming up"} == set(POLICIES)
     assert f"run directory: {run_dir}" in proc.stderr
+    assert natslog.violations(run_dir) == []  # every role's grant covered what it did

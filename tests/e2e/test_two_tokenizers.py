@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from tests import documented
+from tests import documented, natslog
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,3 +33,4 @@ def test_two_policies_with_different_tokenizers_and_chat_templates_train_togethe
     assert re.search(r"\d+ episodes done, 0 failed, 0 dropped", runner), runner[-2000:]
     for log in (run_dir / "logs").glob("*-rollout-0.log"):
         assert "refused" not in log.read_text(), log.name
+    assert natslog.violations(run_dir) == []  # every role's grant covered what it did

@@ -46,6 +46,11 @@ def inbox_prefix(names: JobNames, role: Role, policy: str | None) -> str:
     return f"_i.{names.namespace}.{names.job}.{role}.{policy or '_'}"
 
 
+def creds_key(role: Role, policy: str | None) -> str:
+    """Where a role's creds are kept (a Secret's key): `workflow.creds`, `trainer-<p>.creds`."""
+    return f"{role}.creds" if policy is None else f"{role}-{policy}.creds"
+
+
 def read_stream(stream: str) -> list[str]:
     """The API subjects that read a stream through consumers and message gets."""
     return [

@@ -27,7 +27,7 @@ from polyrl.api.base import (
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
-from polyrl.operator import flow, metrics, progress, render, report, scaling
+from polyrl.operator import flow, metrics, natsusers, progress, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.podinfo import PodInfo
 
@@ -161,7 +161,12 @@ def _render(p: Pass, launch: WorkerLaunch) -> dict[str, Any]:
     if p.ctx.settings.default_image and launch.image == DEFAULT_IMAGE:
         launch = launch.model_copy(update={"image": p.ctx.settings.default_image})
     return render.pod(
-        launch, namespace=p.namespace, owner=_owner(p), nats_secret=secret, grace_seconds=_grace(p)
+        launch,
+        namespace=p.namespace,
+        owner=_owner(p),
+        nats_secret=secret,
+        nats_users=natsusers.secret_for(p.job, p.ctx.settings),
+        grace_seconds=_grace(p),
     )
 
 

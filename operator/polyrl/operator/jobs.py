@@ -33,7 +33,7 @@ from polyrl.api.resources import (
     RLJobStatus,
     WhenDeleted,
 )
-from polyrl.operator import flow, metrics, progress, render, report, scaling
+from polyrl.operator import flow, metrics, natsusers, progress, render, report, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.natshub import NatsUnavailable
 from polyrl.operator.podinfo import PodInfo
@@ -96,6 +96,7 @@ async def _nats(p: JobPass) -> None:
         return
     try:
         await p.ctx.hub.ensure_job(p.job)
+        await _users(p)
     except NatsUnavailable as err:
         if _set(p, ConditionType.NATS_READY, False, "NatsUnreachable", f"{err}; retrying"):
             p.event("Warning", "NatsUnreachable", str(err))
@@ -104,6 +105,13 @@ async def _nats(p: JobPass) -> None:
         p, ConditionType.NATS_READY, True, "StreamsReady", "the job's streams and buckets exist"
     ):
         p.event("Normal", "NatsReady", "created the job's NATS streams and buckets")
+
+
+async def _users(p: JobPass) -> None:
+    """Each role's own NATS user, where the operator has a signing key (natsusers)."""
+    signer = await p.ctx.hub.signer()
+    if signer is not None and (added := await natsusers.ensure(p.ctx.kube, p.job, signer)):
+        p.event("Normal", "NatsUsers", f"signed NATS users: {', '.join(added)}")
 
 
 def _set(p: JobPass, type_: ConditionType, ok: bool, reason: str, message: str) -> bool:
@@ -205,7 +213,11 @@ async def _workflow(p: JobPass, pods: Sequence[PodInfo]) -> None:
     for launch in launches:
         current = by_name.get(launch.name)
         body = render.pod(
-            launch, namespace=p.ns, owner=owner, nats_secret=p.job.spec.nats.credentials_secret
+            launch,
+            namespace=p.ns,
+            owner=owner,
+            nats_secret=p.job.spec.nats.credentials_secret,
+            nats_users=natsusers.secret_for(p.job, p.ctx.settings),
         )
         if current is None:
             if not waiting:

@@ -147,6 +147,24 @@ class Kube:
         secret = await self._call("get", self.core.read_namespaced_secret, name, namespace)
         return dict(secret.data or {})
 
+    async def find_secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's data (base64 values), or None where there is none."""
+        try:
+            return await self.read_secret(namespace, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def create_secret(self, body: dict[str, Any]) -> None:
+        namespace = body["metadata"]["namespace"]
+        await self._call("create", self.core.create_namespaced_secret, namespace, body)
+
+    async def add_to_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """Merge `data` (base64 values) into the Secret's keys."""
+        body = {"data": data}
+        await self._call("patch", self.core.patch_namespaced_secret, name, namespace, body)
+
     async def event(self, obj: dict[str, Any], *, type: str, reason: str, message: str) -> None:
         """A core/v1 Event on `obj` (what `kubectl describe` lists). The same event again
         (same object, type, reason and message: a pod failing the same way) raises the

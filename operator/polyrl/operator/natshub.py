@@ -21,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from kubernetes.client.exceptions import ApiException
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from polyrl.api import natsconfig, natstls
+from polyrl.api import access, natsconfig, natsjwt, natstls
 from polyrl.api.messages import DrainAck, Drained, DrainRequest, Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJob
+from polyrl.operator import natsusers
 from polyrl.operator.kube import Kube
 from polyrl.operator.settings import OperatorSettings
 
@@ -87,6 +89,23 @@ class NatsHub:
         self.channels: dict[tuple[str, str], JobChannel] = {}
         self.ensured: dict[tuple[str, str], int] = {}  # job -> generation ensured
         self.lacks_client_cert: dict[tuple[str, str | None, str], bool] = {}  # TLS, no cert
+        self._signer: natsjwt.Signer | None = None
+
+    async def signer(self) -> natsjwt.Signer | None:
+        """The account signing key (`settings.nats_signing_secret`), read once; None without
+        one. A Secret that is missing or malformed is `NatsUnavailable`: a condition on the
+        job, retried."""
+        if self._signer is None and self.settings.nats_signing_secret:
+            where = f"Secret {self.settings.namespace}/{self.settings.nats_signing_secret}"
+            try:
+                data = await self.kube.read_secret(
+                    self.settings.namespace, self.settings.nats_signing_secret
+                )
+                self._signer = natsusers.signer_from(data, where)
+            except (ApiException, natsusers.SigningKeyInvalid) as err:
+                reason = f"HTTP {err.status}" if isinstance(err, ApiException) else str(err)
+                raise NatsUnavailable(f"cannot sign NATS users with {where}: {reason}") from None
+        return self._signer
 
     def url_of(self, job: RLJob) -> str:
         return job.spec.nats.url or self.settings.nats_url
@@ -124,9 +143,19 @@ class NatsHub:
         return conn
 
     async def _credentials(self, url: str, secret: str | None, namespace: str) -> dict[str, Any]:
-        if not secret:
-            return {}
-        data = await self.kube.read_secret(namespace, secret)
+        data = await self.kube.read_secret(namespace, secret) if secret else {}
+        options = self._secret_options(url, secret, namespace, data)
+        signer = await self.signer()
+        if signer is not None and not ({"token", "user_credentials", "user"} & options.keys()):
+            fd, path = tempfile.mkstemp(prefix="polyrl-nats-", suffix=".creds")
+            with os.fdopen(fd, "w") as out:  # itself: an admin user it signs
+                out.write(signer.user_creds("polyrl-operator", access.ADMIN))
+            options["user_credentials"] = path
+        return options
+
+    def _secret_options(
+        self, url: str, secret: str | None, namespace: str, data: dict[str, str]
+    ) -> dict[str, Any]:
         options = _tls(data)
         self.lacks_client_cert[(url, secret, namespace)] = natstls.CA in data and not (
             natstls.CERT in data and natstls.KEY in data

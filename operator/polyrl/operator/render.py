@@ -15,11 +15,12 @@ import hashlib
 import json
 from typing import Any
 
-from polyrl.api import naming, natstls
+from polyrl.api import access, naming, natstls
 from polyrl.api.base import API_VERSION
 from polyrl.api.launch import (
     CHECKPOINT_MOUNT,
     DATA_ROOTS,
+    NATS_CREDS_ENV,
     POD_NAME_ENV,
     PVC_ROOT,
     RDZV_PORT,
@@ -45,7 +46,9 @@ def owner_ref(kind: str, name: str, uid: str, *, api_version: str = API_VERSION)
     }
 
 
-def _env(launch: WorkerLaunch, nats_secret: str | None) -> list[dict[str, Any]]:
+def _env(
+    launch: WorkerLaunch, nats_secret: str | None, nats_users: str | None
+) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(launch.env.items())]
     env += [
         {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -58,7 +61,12 @@ def _env(launch: WorkerLaunch, nats_secret: str | None) -> list[dict[str, Any]]:
     ]
     if nats_secret:
         env.append({"name": natstls.TLS_DIR_ENV, "value": natstls.TLS_MOUNT})
-        for var, key in (("POLYRL_NATS_TOKEN", "token"), ("POLYRL_NATS_CREDS", "creds")):
+    if nats_users:  # the pod's own user, signed for its role and policy (natsusers)
+        key = access.creds_key(launch.role, launch.policy)
+        ref = {"name": nats_users, "key": key}
+        env.append({"name": NATS_CREDS_ENV, "valueFrom": {"secretKeyRef": ref}})
+    elif nats_secret:
+        for var, key in (("POLYRL_NATS_TOKEN", "token"), (NATS_CREDS_ENV, "creds")):
             env.append(
                 {
                     "name": var,
@@ -86,13 +94,15 @@ def _data_volumes(launch: WorkerLaunch) -> list[tuple[str, str, str]]:
     ]
 
 
-def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
+def _container(
+    launch: WorkerLaunch, nats_secret: str | None, nats_users: str | None
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": str(launch.role),
         "image": launch.image,
         "imagePullPolicy": "IfNotPresent",
         "command": launch.command,
-        "env": _env(launch, nats_secret),
+        "env": _env(launch, nats_secret, nats_users),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -124,7 +134,11 @@ def _container(launch: WorkerLaunch, nats_secret: str | None) -> dict[str, Any]:
 
 
 def pod_spec(
-    launch: WorkerLaunch, *, nats_secret: str | None = None, grace_seconds: int = 30
+    launch: WorkerLaunch,
+    *,
+    nats_secret: str | None = None,
+    nats_users: str | None = None,
+    grace_seconds: int = 30,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -138,7 +152,7 @@ def pod_spec(
             "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(launch, nats_secret)],
+        "containers": [_container(launch, nats_secret, nats_users)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
     if nats_secret:  # its ca.crt, tls.crt and tls.key, where the worker reads TLS from
@@ -182,9 +196,14 @@ def pod(
     namespace: str,
     owner: dict[str, Any],
     nats_secret: str | None = None,
+    nats_users: str | None = None,
     grace_seconds: int = 30,
 ) -> dict[str, Any]:
-    spec = pod_spec(launch, nats_secret=nats_secret, grace_seconds=grace_seconds)
+    """The Pod of `launch`: TLS files (and a token or creds) from `nats_secret`, or, where
+    the job has signed users, its own user's creds from `nats_users`."""
+    spec = pod_spec(
+        launch, nats_secret=nats_secret, nats_users=nats_users, grace_seconds=grace_seconds
+    )
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -15,6 +15,10 @@ class OperatorSettings:
     """NATS for jobs that name none (POLYRL_NATS_URL)."""
     nats_credentials_secret: str | None = None
     """Secret (in the operator's namespace) with the default NATS credentials."""
+    nats_signing_secret: str | None = None
+    """Secret (in the operator's namespace) with the NATS account's public key (`account`)
+    and one of its signing keys' seed (`seed`): with it, every job's pods get users of
+    their own (`polyrl.operator.natsusers`) and the operator signs its own (POLYRL_NATS_SIGNING_SECRET)."""
     namespace: str = "polyrl-system"
     """Where the operator runs (POLYRL_NAMESPACE)."""
     entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS
@@ -38,6 +42,7 @@ class OperatorSettings:
         return cls(
             nats_url=env.get("POLYRL_NATS_URL", d.nats_url),
             nats_credentials_secret=env.get("POLYRL_NATS_CREDENTIALS_SECRET") or None,
+            nats_signing_secret=env.get("POLYRL_NATS_SIGNING_SECRET") or None,
             namespace=env.get("POLYRL_NAMESPACE", d.namespace),
             entrypoints=Entrypoints(
                 worker=tuple(shlex.split(env.get("POLYRL_WORKER_COMMAND", "polyrl worker"))),

@@ -36,7 +36,7 @@ OPERATOR_RULES = [
     ([""], ["persistentvolumeclaims"], ["create"]),
     ([""], ["events"], ["create", "patch"]),
     (["events.k8s.io"], ["events"], ["create", "patch"]),
-    ([""], ["secrets"], ["get"]),
+    ([""], ["secrets"], ["get", "create", "patch"]),
     ([""], ["namespaces"], ["list", "watch"]),
     (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
     (["kopf.dev"], ["clusterkopfpeerings"], ["get", "list", "watch", "patch"]),
