@@ -218,6 +218,40 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_export)
 
 
+def _nats_trust(args: argparse.Namespace) -> int:
+    from polyrl.api import natsjwt
+
+    out: Path = args.directory
+    if out.exists() and any(out.iterdir()):
+        print(f"polyrl nats-trust: {out} is not empty; choose a new directory", file=sys.stderr)
+        return EXIT_USAGE
+    written = natsjwt.write_trust(natsjwt.Trust.new(), out, secret=args.secret_name)
+    for path, what in written.items():
+        print(f"{path}  {what}")
+    return 0
+
+
+def _add_nats_trust(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "nats-trust",
+        help="make a NATS trust for per-role users: server config, signing Secret, admin creds",
+        description="Make a fresh NATS operator, system account and jobs account (nkeys and "
+        "JWTs) and write what each side needs: auth.conf for nats-server (include it: "
+        "operator, memory resolver, max_control_line), signing-secret.yaml for the polyrl "
+        "operator (the jobs account's public key and a signing key's seed; apply it in the "
+        "operator's namespace and set the chart's nats.signingSecret), admin.creds (every "
+        "subject of the account, for the nats CLI) and trust.json (every seed, to keep "
+        "offline). See docs/security.md.",
+    )
+    p.add_argument("directory", type=Path, metavar="DIR", help="new (or empty) directory")
+    p.add_argument(
+        "--secret-name",
+        default="polyrl-nats-signing",
+        help="name of the signing Secret (default polyrl-nats-signing)",
+    )
+    p.set_defaults(func=_nats_trust)
+
+
 def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser(
         "worker",
@@ -249,6 +283,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     _add_worker,
     _add_bench,
     _add_export,
+    _add_nats_trust,
 ]
 
 

@@ -23,13 +23,17 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nkeys
 
-from polyrl.api.access import Grant
+from polyrl.api.access import ADMIN, Grant
 
 HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
+# A CONNECT line carries the user's JWT, and a workflow runner's JWT lists the subjects of
+# every policy of its job: past nats-server's default 4 KiB for three policies or more.
+MAX_CONTROL_LINE = 64 * 1024
 PREFIXES = {
     "operator": nkeys.PREFIX_BYTE_OPERATOR,
     "account": nkeys.PREFIX_BYTE_ACCOUNT,
@@ -174,3 +178,34 @@ class Trust:
             f"resolver_preload: {{\n  {self.system.public}: {system}\n"
             f"  {self.account.public}: {jobs}\n}}\n"
         )
+
+
+def write_trust(trust: Trust, out: Path, *, secret: str) -> dict[Path, str]:
+    """What `polyrl nats-trust` writes: each file and what it is for."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": secret},
+        "stringData": {"account": trust.account.public, "seed": trust.signing.seed},
+    }
+    seeds = {k: getattr(trust, k).seed for k in ("operator", "system", "account", "signing")}
+    files = {
+        out / "auth.conf": (
+            trust.server_config() + f"max_control_line: {MAX_CONTROL_LINE}\n",
+            "nats-server: include it in the server's configuration",
+        ),
+        out / "signing-secret.yaml": (
+            json.dumps(manifest, indent=2) + "\n",
+            f"kubectl apply -n <operator namespace> -f it; chart value nats.signingSecret={secret}",
+        ),
+        out / "admin.creds": (
+            trust.signer.user_creds("admin", ADMIN),
+            "an admin user of the jobs account (nats CLI: --creds)",
+        ),
+        out / "trust.json": (json.dumps(seeds, indent=2) + "\n", "every seed: keep it offline"),
+    }
+    for path, (text, _) in files.items():
+        path.write_text(text)
+        path.chmod(0o600)
+    return {path: what for path, (_, what) in files.items()}

@@ -23,14 +23,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from polyrl.api.natsjwt import Trust
+from polyrl.api.natsjwt import MAX_CONTROL_LINE, Trust
 from polyrl.local import processes
 from polyrl.local.errors import StartupError
 
 MAX_PAYLOAD = 8 * 1024 * 1024
-# A CONNECT line carries the user's JWT, and a workflow runner's JWT lists the subjects of
-# every policy of its job: past nats-server's default 4 KiB for three policies or more.
-MAX_CONTROL_LINE = 64 * 1024
 
 
 def binary() -> Path:

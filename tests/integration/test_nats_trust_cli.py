@@ -1,0 +1,99 @@
+"""`polyrl nats-trust` writes a trust a real nats-server accepts, and a signing Secret whose
+key signs users that server admits with their grants."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from polyrl.api import access, natsjwt
+from polyrl.api.launch import Role
+from polyrl.api.naming import JobNames
+from polyrl.local import natsserver, processes
+from polyrl.operator import natsusers
+
+pytestmark = pytest.mark.slow
+
+
+def serve(conf_dir: Path) -> tuple[processes.Managed, str]:
+    """nats-server with JetStream, its configuration including the written auth.conf."""
+    port = processes.free_port()
+    config = conf_dir / "server.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {str(conf_dir / 'js')!r} }}\n"
+        "include ./auth.conf\n"
+    )
+    proc = processes.start(
+        "nats-server", [natsserver.binary(), "-c", config], log=conf_dir / "server.log"
+    )
+    return proc, f"nats://127.0.0.1:{port}"
+
+
+async def connect(url: str, creds: Path, inbox: str = "_INBOX") -> Client:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return await nats.connect(
+                url, user_credentials=str(creds), inbox_prefix=inbox, max_reconnect_attempts=0
+            )
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def test_the_written_trust_serves_jobs_and_its_secret_signs_users_it_admits(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "trust"
+    made = subprocess.run(
+        [sys.executable, "-m", "polyrl.cli", "nats-trust", str(out)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert {p.name for p in out.iterdir()} == {
+        "auth.conf", "signing-secret.yaml", "admin.creds", "trust.json",
+    }  # fmt: skip
+    assert all(p.stat().st_mode & 0o077 == 0 for p in out.iterdir())  # owner only
+    secret = json.loads((out / "signing-secret.yaml").read_text())
+    data = {k: base64.b64encode(v.encode()).decode() for k, v in secret["stringData"].items()}
+    signer = natsusers.signer_from(data, "the written Secret")
+    again = subprocess.run(
+        [sys.executable, "-m", "polyrl.cli", "nats-trust", str(out)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert again.returncode == 2
+    assert "is not empty" in again.stderr
+
+    proc, url = serve(out)
+    try:
+        asyncio.run(publish_as_a_workflow_user(url, out / "admin.creds", signer, tmp_path))
+    finally:
+        processes.stop(proc)
+    assert f"max_control_line: {natsjwt.MAX_CONTROL_LINE}" in (out / "auth.conf").read_text()
+
+
+async def publish_as_a_workflow_user(
+    url: str, admin_creds: Path, signer: natsjwt.Signer, tmp_path: Path
+) -> None:
+    admin = await connect(url, admin_creds)
+    names = JobNames(namespace="team", job="math")
+    stream = names.requests_stream("solver")
+    await admin.jetstream().add_stream(name=stream, subjects=[names.requests_subject("solver")])
+    creds = tmp_path / "workflow.creds"
+    grant = access.grant(names, Role.WORKFLOW, None, ["solver"])
+    creds.write_text(signer.user_creds("math-workflow", grant))
+    workflow = await connect(url, creds, access.inbox_prefix(names, Role.WORKFLOW, None))
+    ack = await workflow.jetstream().publish(names.requests_subject("solver"), b"{}")
+    assert ack.stream == stream
+    await workflow.close()
+    await admin.close()
