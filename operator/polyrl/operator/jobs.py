@@ -95,8 +95,8 @@ async def _nats(p: JobPass) -> None:
     if p.job.spec.suspend:
         return
     try:
+        await _users(p)  # first: signing needs no NATS, and pods cannot start without them
         await p.ctx.hub.ensure_job(p.job)
-        await _users(p)
     except NatsUnavailable as err:
         if _set(p, ConditionType.NATS_READY, False, "NatsUnreachable", f"{err}; retrying"):
             p.event("Warning", "NatsUnreachable", str(err))
