@@ -33,7 +33,7 @@ from polyrl.testing.kube import Kubectl, condition, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STEPS, KILL_AT, CHECKPOINT_EVERY = 60, 20, 10
+STEPS, KILL_AT, CHECKPOINT_EVERY = 40, 15, 10
 JOB = {
     "apiVersion": "polyrl.dev/v1alpha1",
     "kind": "RLJob",

@@ -4,9 +4,9 @@ Every figure is measured against a baseline in the same run, since the machines 
 
 1. Size, on real deltas: a tiny Llama trained at lr 1e-6 and 1e-5 (`measure.training_deltas`);
    per step, our delta against a full bf16 copy (2 bytes per element) and COO (6 bytes per changed
-   element), and bytes per changed element; the median over steps 2-20 (2-10 with --quick).
+   element), and bytes per changed element; the median over steps 2-20 (2-6 with --quick).
    Headline keys are lr 1e-6, `_lr1e5` keys the other.
-2. Speed, on a synthetic bf16 model of 512 MiB (64 MiB with --quick) with 1% of the elements
+2. Speed, on a synthetic bf16 model of 512 MiB (32 MiB with --quick) with 1% of the elements
    changed (`measure.synthetic_speed`): encode, and apply with verification, against
    `dst.copy_(src)` of the same tensors. And what encoding adds to a training step of the tiny
    model that it runs beside, as the trainer runs it (`measure.encode_overhead`): in a child
@@ -61,7 +61,7 @@ State = dict[str, torch.Tensor]
 
 
 def run(*, quick: bool) -> dict[str, Any]:
-    steps, mib, repeats = (10, 64, 3) if quick else (20, 512, 5)
+    steps, mib, repeats = (6, 32, 2) if quick else (20, 512, 5)
     figures: dict[str, Any] = {"quick": quick, "threads": torch.get_num_threads()}
     for suffix, lr in LEARNING_RATES.items():
         _progress(f"training deltas at lr {lr}")

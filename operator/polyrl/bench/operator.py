@@ -80,11 +80,11 @@ def config(*, quick: bool) -> Config:
     if quick:
         return Config(
             quick=True,
-            apply_jobs=3,
-            scale_repeats=5,
-            idle_jobs=10,
-            idle_window_s=10.0,
-            quiet_timeout_s=6.0,
+            apply_jobs=2,
+            scale_repeats=3,
+            idle_jobs=5,
+            idle_window_s=5.0,
+            quiet_timeout_s=4.0,
         )
     return Config(
         quick=False,
