@@ -140,6 +140,10 @@ class TrainerSpec(ApiModel):
         description="Groups whose samples all got the same reward (all right, or all wrong) have zero GRPO advantages: they cost compute but add no policy gradient (only the KL term's pull, when klCoef > 0). keep: train on them anyway. skip: the trainer leaves them out of each batch and averages the loss over the other samples' tokens. refill (async mode; skip in sync mode): the workflow runner does not send them (at most 5 in a row), so the batches fill with groups that differ, as in DAPO's dynamic sampling; it costs more generation per step, and a policy whose samples come only from some episodes (a verifier's) can wait long for a batch. The trainer's reward figure covers its whole batch, which with refill holds only the groups that differ; trained_fraction is the share of the batch it trained on.",
     )
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
+    ledger: bool = Field(
+        False,
+        description="Write, for every step, the ids of the trajectories it trained on and of those it dropped as too old to ledger.jsonl in the trainer's directory (beside its checkpoint, so it survives the pod): an audit of what each step learned from, which the fault-injection suite reconciles against the trajectory stream. About 40 bytes per sample.",
+    )
     warmup: SourceSpec = Field(
         default_factory=SourceSpec,
         description="Where the supervised warm-up's examples come from (single and solver-verifier declare them for each of their policies).",

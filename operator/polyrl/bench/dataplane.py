@@ -104,7 +104,7 @@ class NullTrainer:
                 await msg.ack()
             self.trained += len(kept)
             self.trained_ids.update(t.id for t in kept)
-            self.stale += dropped
+            self.stale += len(dropped)
             self.steps += 1
         with contextlib.suppress(Exception):
             await sub.unsubscribe()

@@ -49,6 +49,7 @@ from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.learner import Trainer, shuffled_rewards, to_samples
+from polyrl.workers.ledger import Ledger
 from polyrl.workers.runtime import (
     ConfigError,
     MetricsLog,
@@ -67,11 +68,11 @@ CONSUMER = JobNames.trainer_consumer
 
 async def pull_batch(
     rt: Runtime, sub: Any, want: int, *, version: int, max_staleness: int
-) -> tuple[list[Trajectory], list[Msg], int]:
-    """`want` fresh trajectories with their messages (ack later), and how many were stale."""
+) -> tuple[list[Trajectory], list[Msg], list[str]]:
+    """`want` fresh trajectories with their messages (ack later), and the stale ones' ids."""
     kept: list[Trajectory] = []
     msgs: list[Msg] = []
-    dropped = 0
+    dropped: list[str] = []
     while len(kept) < want and not rt.stopping.is_set():
         with contextlib.suppress(TimeoutError):
             for msg in await sub.fetch(want - len(kept), timeout=1.0):
@@ -84,8 +85,8 @@ async def pull_batch(
                 fresh, stale = grpo.filter_stale(
                     [trajectory], current_version=version, max_staleness=max_staleness
                 )
-                dropped += stale
                 if stale:
+                    dropped.append(trajectory.id)
                     await msg.ack()
                 else:
                     kept.extend(fresh)
@@ -313,6 +314,7 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
     # Sync mode trains only on the current version's samples, with nothing overlapped.
     max_staleness = 0 if sync else spec.algorithm.max_staleness
     last_step = spec.steps_of(trainer.policy)  # None: until stopped (stop.durationSeconds)
+    ledger = Ledger(workdir_for(rt.config) if trainer.policy.trainer.ledger else None)
     while not rt.stopping.is_set() and (last_step is None or state.step < last_step):
         waiting = time.monotonic()
         trajectories, msgs, dropped = await pull_batch(
@@ -335,12 +337,14 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         # The new version first, then the acks: the workflow runner reads both (its staleness
         # bound, `ahead`), and room in the queue must not show before the version it is for.
         await leader.publish_next(final=last_step is not None and state.step >= last_step)
+        trained = [t.id for t in trajectories]
+        ledger.record(epoch=state.epoch, step=state.step, trained=trained, stale=dropped)
         for msg in msgs:
             await msg.ack()
         if sync and leader.publishing is not None:
             await leader.publishing
         stats["wait_seconds"] = started - waiting
-        leader.record(stats, dropped=dropped, seconds=time.monotonic() - started)
+        leader.record(stats, dropped=len(dropped), seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
             trainer.save()
     log.info("training stopped at step %d", state.step)
