@@ -97,6 +97,10 @@ test-vllm: test-vllm-contract tools ## every vLLM test: the contract, its jobs u
 test-fuzz: install tools ## the fuzz tests at 5x make test's size (5,000 messages, 300 manifests)
 	@POLYRL_FUZZ_SCALE=5 $(VENV)/bin/pytest -k fuzz tests/integration/workers tests/integration/operator
 
+.PHONY: test-chaos
+test-chaos: install tools ## the fault-injection suite: every case, each checked by its trajectory ledger
+	@$(VENV)/bin/pytest -s -m "e2e" tests/e2e/test_chaos.py
+
 .PHONY: test-fast
 test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)
 	@$(VENV)/bin/pytest tests/unit -q

@@ -56,6 +56,12 @@ class Heartbeat(ApiModel):
     dropped_samples: int = Field(
         0, ge=0, description="Workflow runner: samples dropped because their reward failed."
     )
+    failed_episodes: int = Field(
+        0,
+        ge=0,
+        description="Workflow runner: episodes that failed (a generation that timed out, a "
+        "workflow error); each is logged with its cause.",
+    )
     dead_letters: int = Field(
         0,
         ge=0,

@@ -340,6 +340,7 @@ class WorkflowRunner:
             "requests_served": self.episodes,
             "dropped_prompts": self.dropped_prompts,
             "dropped_samples": self.dropped_samples,
+            "failed_episodes": self.failed,
             "reward": sum(means) / len(means) if means else None,
         }
         elapsed = time.monotonic() - self.started
