@@ -148,6 +148,15 @@ class NatsServer:
             time.sleep(0.05)
         raise StartupError("nats-server: wait for /healthz", "not ready in time", self.proc.log)
 
+    def restart(self, *, down_seconds: float = 0.0) -> None:
+        """Stop the server and start it again on the same port with the same store (file
+        storage survives): what a restarted NATS pod looks like to its clients."""
+        assert self.proc is not None, "not running"
+        processes.stop(self.proc)
+        self.proc = None
+        time.sleep(down_seconds)
+        self.start()
+
     def stop(self) -> None:
         if self.proc is not None:
             processes.stop(self.proc)

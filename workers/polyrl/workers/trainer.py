@@ -310,6 +310,10 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
     sub = await leader.start()
     rt.state = WorkerState.TRAINING
     spec, state = rt.config.spec, trainer.state
+    if state.step == 0 and state.epoch == 0:
+        # A checkpoint where RL starts: a trainer lost before its first periodic one resumes
+        # in a new epoch after its warm-up instead of doing all of it again in epoch 0.
+        await asyncio.to_thread(trainer.save)
     sync = spec.algorithm.mode == Mode.SYNC
     # Sync mode trains only on the current version's samples, with nothing overlapped.
     max_staleness = 0 if sync else spec.algorithm.max_staleness
