@@ -166,6 +166,9 @@ def free_port() -> int:
 def require_free(step: str, port: int) -> None:
     """Fail early and clearly when a port we were told to use is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers bind (Go's net.Listen sets it): connections of a server that just
+        # stopped, left in TIME_WAIT, do not make the port taken; a listener still does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as err:

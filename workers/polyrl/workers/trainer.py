@@ -145,6 +145,11 @@ class Leader:
         await self.warm_up_and_evaluate()
         store = await WeightStore.open(self.rt.js, self.rt.names.weights_bucket(self.policy.name))
         every = 1 if self.policy.weight_sync == WeightSync.FULL else self.policy.keyframe_every
+        last = await announce.latest(self.rt.js, self.rt.names, self.policy.name)
+        if last is not None and last.epoch >= self.trainer.state.epoch:
+            # Resumed from a checkpoint an earlier life already resumed from: its epoch
+            # would repeat. Each life of the trainer announces under an epoch of its own.
+            self.trainer.state.epoch = last.epoch + 1
         self.publisher = WeightPublisher(
             store,
             self.rt.names,
@@ -154,7 +159,6 @@ class Leader:
             encoder=self.encoder,
         )
         await self.bound_bucket(store, every)
-        last = await announce.latest(self.rt.js, self.rt.names, self.policy.name)
         first = max(self.trainer.state.version, last.version if last else -1) + 1
         await self.publisher.publish(self.trainer.bf16(), version=first)
         self.trainer.state.version = first
