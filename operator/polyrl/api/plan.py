@@ -186,7 +186,8 @@ def rollout_template(
 ) -> WorkerLaunch:
     """Replica 0 of a group's rollout pool; `with_replica` gives the others."""
     name = group.metadata.name
-    config = _config(job, Role.ROLLOUT, nats_url, policy=policy.name, group=name)
+    url = group.spec.nats_url or nats_url
+    config = _config(job, Role.ROLLOUT, url, policy=policy.name, group=name)
     rollout = group.spec.rollout
     return WorkerLaunch(
         name=naming.rollout_pod(name, 0),
@@ -239,7 +240,8 @@ def _trainer(
     entrypoints: Entrypoints,
 ) -> WorkerLaunch:
     name = group.metadata.name
-    config = _config(job, Role.TRAINER, nats_url, policy=policy.name, group=name, replica=replica)
+    url = group.spec.nats_url or nats_url
+    config = _config(job, Role.TRAINER, url, policy=policy.name, group=name, replica=replica)
     env = {
         CONFIG_ENV: config.to_env(),
         "POLYRL_NODE_RANK": str(replica),

@@ -457,6 +457,14 @@ class PolicyGroupSpec(ApiModel):
         description="This group's rollout pool; `kubectl scale` sets replicas.",
     )
     image: str | None = Field(None, description="Worker image override.")
+    nats_url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^(nats|tls)://",
+        description="The URL this group's pods reach the job's NATS at, for a pool with an "
+        "entry point of its own (another region's load balancer or proxy to the same "
+        "servers); default: the job's.",
+    )
 
 
 class Metadata(ApiModel):

@@ -114,6 +114,38 @@ def test_launches_follow_scaled_and_user_applied_groups() -> None:
     assert eu[0].image == "eu:1"
 
 
+def test_a_group_with_its_own_nats_url_connects_its_pods_there_and_others_to_the_jobs() -> None:
+    j = job()
+    remote = PolicyGroup.model_validate(
+        {
+            "metadata": {"name": "eu-solver", "namespace": "team"},
+            "spec": {
+                "jobRef": "math",
+                "policy": "solver",
+                "rollout": {"replicas": 2},
+                "natsUrl": "tls://nats.eu.example:4222",
+            },
+        }
+    )
+    result = plan.plan(j, nats_url=URL, groups=[*plan.policy_groups(j), remote])
+    urls = {launch.name: launch.config.nats_url for launch in result.launches}
+    assert (
+        urls["eu-solver-rollout-0"] == urls["eu-solver-rollout-1"] == "tls://nats.eu.example:4222"
+    )
+    assert {
+        urls["math-solver-rollout-0"],
+        urls["math-solver-trainer-0"],
+        urls["math-workflow-0"],
+    } == {URL}
+    with pytest.raises(ValidationError, match="natsUrl"):
+        PolicyGroup.model_validate(
+            {
+                "metadata": {"name": "x"},
+                "spec": {"jobRef": "math", "policy": "solver", "natsUrl": "eu:4222"},
+            }
+        )
+
+
 def test_a_suspended_job_plans_groups_but_no_pods() -> None:
     result = plan.plan(job(suspend=True), nats_url=URL)
     assert len(result.policy_groups) == 2
