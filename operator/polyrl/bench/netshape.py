@@ -6,6 +6,11 @@ cost as much as the bytes of a small delta. `tc netem` needs root; this proxy ne
 direction is a pump that serialises bytes at `rate_bits` per second and delivers them `rtt / 2`
 after they leave, like a link with a bounded queue in front of it. Used by `bench` to measure
 weight sync, full against delta, as a remote replica would see it.
+
+`cut()` blackholes the link, as a partition between regions does: nothing crosses in either
+direction and new connections hang before reaching the server, while neither side is told
+(no reset, no close), so each finds out only by its own timeouts. `heal()` lets the held
+bytes through, in order, as TCP's retransmissions would.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ class ShapedProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._relays: set[asyncio.Task[None]] = set()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    def cut(self) -> None:
+        """Blackhole the link: hold every byte and every new connection until `heal`."""
+        self._open.clear()
+
+    def heal(self) -> None:
+        self._open.set()
+
+    @property
+    def is_cut(self) -> bool:
+        return not self._open.is_set()
 
     @property
     def url(self) -> str:
@@ -53,6 +71,7 @@ class ShapedProxy:
         self._relays.add(task)
         self._writers.add(client_w)
         try:
+            await self._open.wait()  # a connection made during a cut reaches nothing yet
             server_r, server_w = await asyncio.open_connection(*self.target)
             self._writers.add(server_w)
             await asyncio.gather(self._pump(client_r, server_w), self._pump(server_r, client_w))
@@ -78,9 +97,8 @@ class ShapedProxy:
             deliver.cancel()
             await asyncio.gather(deliver, return_exceptions=True)
 
-    @staticmethod
     async def _deliver(
-        queue: asyncio.Queue[tuple[float, bytes] | None], writer: asyncio.StreamWriter
+        self, queue: asyncio.Queue[tuple[float, bytes] | None], writer: asyncio.StreamWriter
     ) -> None:
         loop = asyncio.get_running_loop()
         broken = False  # the far side is gone: keep taking pieces so the pump never blocks
@@ -91,6 +109,7 @@ class ShapedProxy:
                     continue
                 if (wait := due - loop.time()) > 0:
                     await asyncio.sleep(wait)
+                await self._open.wait()
                 try:
                     writer.write(data)
                     await writer.drain()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
 
 import nats
+from nats.aio.msg import Msg
 from nats.js import api
 
 from polyrl.bench.netshape import ShapedProxy
@@ -38,5 +40,36 @@ async def test_a_round_trip_takes_the_rtt_and_bytes_take_their_time_on_the_link(
             assert elapsed >= len(blob) / (RATE_BITS / 8) + RTT
             await store.close()
             await js.delete_object_store(bucket)
+        finally:
+            await nc.close()
+
+
+async def test_a_cut_link_holds_every_byte_and_new_connections_until_it_heals(
+    nats_server: NatsServer,
+) -> None:
+    async with ShapedProxy("127.0.0.1", nats_server.port, rate_bits=RATE_BITS, rtt=0.0) as proxy:
+        nc = await nats.connect(proxy.url)
+        try:
+            received: list[bytes] = []
+
+            async def keep(msg: Msg) -> None:
+                received.append(msg.data)
+
+            sub = await nc.subscribe("cut.test", cb=keep)
+            await nc.flush()
+            proxy.cut()
+            await nc.publish("cut.test", b"held")
+            late = asyncio.create_task(nats.connect(proxy.url, connect_timeout=10))
+            await asyncio.sleep(1.5)
+            # nothing crossed, and neither side was told anything
+            assert received == []
+            assert not late.done()
+            assert nc.is_connected
+            proxy.heal()
+            await nc.flush(timeout=5)
+            assert received == [b"held"]  # delivered once, in order, after the heal
+            second = await asyncio.wait_for(late, 10)
+            await second.close()
+            await sub.unsubscribe()
         finally:
             await nc.close()
