@@ -101,6 +101,18 @@ class Heartbeat(ApiModel):
         le=1,
         description="Rollout: share of the weights' elements its last delta rewrote.",
     )
+    weights_refused: int = Field(
+        0,
+        ge=0,
+        description="Rollout: weight objects it refused (corrupt, wrong base, missing) and "
+        "resynced around, in all.",
+    )
+    sync_failures: int = Field(
+        0,
+        ge=0,
+        description="Rollout: syncs that found no path to the announced version (it kept "
+        "serving the version it had), in all.",
+    )
     queue_depth: int | None = Field(
         None,
         ge=0,

@@ -64,10 +64,15 @@ class EngineWeights:
         return engine.version
 
     def figures(self) -> dict[str, float | int | None]:
-        """The last sync for the heartbeat: seconds, bytes read, share of weights rewritten."""
+        """The last sync for the heartbeat (seconds, bytes read, share of weights rewritten)
+        and what was refused or failed in all."""
+        counts: dict[str, float | int | None] = {
+            "weights_refused": self.sync.refusals,
+            "sync_failures": self.failures,
+        }
         if self.last is None:
-            return {}
-        return {
+            return counts
+        return counts | {
             "sync_seconds": round(self.last.seconds, 4),
             "sync_bytes": self.last.bytes,
             "changed_fraction": self.last.changed_fraction,

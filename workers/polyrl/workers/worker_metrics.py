@@ -25,6 +25,8 @@ never disagree. A local run (`polyrl run`) sets no port: its figures are in metr
 | `polyrl_worker_sync_seconds` | the rollout's last weight sync: seconds (fetch and apply) |
 | `polyrl_worker_sync_bytes` | the rollout's last weight sync: bytes read |
 | `polyrl_worker_changed_fraction` | share of the weights the last delta rewrote |
+| `polyrl_worker_weights_refused` | weight objects the rollout refused (and resynced around) |
+| `polyrl_worker_sync_failures` | syncs that found no path to the announced version |
 | `polyrl_worker_queue_depth` | requests of the policy waiting, not yet taken |
 | `polyrl_worker_staleness` (histogram) | age of every trained sample, in weight versions |
 """
@@ -60,6 +62,8 @@ FIGURES = {
     "sync_seconds": "seconds the last weight sync took (fetch and apply)",
     "sync_bytes": "bytes the last weight sync read",
     "changed_fraction": "share of the weights' elements the last delta rewrote",
+    "weights_refused": "weight objects refused (corrupt, wrong base, missing), in all",
+    "sync_failures": "weight syncs that found no path to the announced version, in all",
     "queue_depth": "requests of the policy waiting in its queue, not yet taken",
 }
 # Sample ages in weight versions: maxStaleness is rarely above 8.
