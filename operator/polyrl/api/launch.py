@@ -23,6 +23,12 @@ POD_NAME_ENV = "POLYRL_POD_NAME"
 # A NATS creds file's text (a user JWT and its seed): the worker's own user, whose
 # permissions `polyrl.api.access` grants; a worker with one never creates streams.
 NATS_CREDS_ENV = "POLYRL_NATS_CREDS"
+# The same as a file's path, which the worker's NATS connection reads on every (re)connect:
+# a pod's own key of `<job>-nats-users`, mounted where the kubelet replaces it
+# when the operator renews the users (`polyrl.operator.natsusers`).
+NATS_CREDS_FILE_ENV = "POLYRL_NATS_CREDS_FILE"
+NATS_USER_MOUNT = "/etc/polyrl/nats-user"
+NATS_USER_FILE = "user.creds"
 TRAINER_DIR_ENV = "POLYRL_TRAINER_DIR"  # where a trainer keeps models and checkpoints
 CHECKPOINT_MOUNT = "/var/lib/polyrl"  # the checkpoint claim, in a trainer's first pod
 RDZV_PORT = 29400

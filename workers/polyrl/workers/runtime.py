@@ -1,10 +1,13 @@
 """What every worker process shares: its config, its NATS connection, heartbeats, signals.
 
 A worker takes every input from its environment, as a pod does: the config document in
-POLYRL_WORKER_CONFIG, its name in POLYRL_POD_NAME, NATS credentials in POLYRL_NATS_TOKEN or
-POLYRL_NATS_CREDS (from a Secret, never logged). SIGTERM and SIGINT set `stopping`, so a
-worker finishes or hands back what it holds before it exits. Malformed messages are
-dead-lettered with the reason and counted; they never crash a worker.
+POLYRL_WORKER_CONFIG, its name in POLYRL_POD_NAME, NATS credentials in POLYRL_NATS_TOKEN,
+POLYRL_NATS_CREDS or POLYRL_NATS_CREDS_FILE (from a Secret, never logged). A creds file is
+read again on every reconnect, and the connection reconnects when its user expires
+(`polyrl.api.natsclient`), so a pod's user renewed in its mounted Secret is picked up without
+a restart. SIGTERM and SIGINT set `stopping`, so a worker finishes or hands back what it
+holds before it exits. Malformed messages are dead-lettered with the reason and counted;
+they never crash a worker.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from polyrl.api import access, natsconfig, natstls
+from polyrl.api import access, natsclient, natsconfig, natstls
 from polyrl.api.launch import (
     CONFIG_ENV,
     EXIT_INVALID_INPUT,
     EXIT_UNAVAILABLE,
     INVALID_INPUT_PREFIX,
     NATS_CREDS_ENV,
+    NATS_CREDS_FILE_ENV,
     POD_NAME_ENV,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
@@ -150,12 +154,19 @@ def _credentials() -> dict[str, Any]:
         options["tls"] = tls
     if token := os.environ.get("POLYRL_NATS_TOKEN"):
         return options | {"token": token}
+    if path := os.environ.get(NATS_CREDS_FILE_ENV):
+        return options | {"user_credentials": path}
     if creds := os.environ.get(NATS_CREDS_ENV):
         fd, path = tempfile.mkstemp(prefix="polyrl-", suffix=".creds")
         with os.fdopen(fd, "w") as out:
             out.write(creds)
         return options | {"user_credentials": path}
     return options
+
+
+def has_user() -> bool:
+    """This worker connects with creds (its role's user): streams are made by an admin."""
+    return NATS_CREDS_FILE_ENV in os.environ or NATS_CREDS_ENV in os.environ
 
 
 @dataclass
@@ -183,7 +194,7 @@ class Runtime:
         )
         try:
             nc = await asyncio.wait_for(
-                nats.connect(
+                natsclient.connect(
                     config.nats_url,
                     max_reconnect_attempts=-1,
                     drain_timeout=DRAIN_SECONDS,
@@ -198,7 +209,7 @@ class Runtime:
                 f"cannot reach NATS at {config.nats_url}: {errors.why(err)}"
             ) from None
         js = nc.jetstream()
-        if NATS_CREDS_ENV not in os.environ:  # a role's user may not create: its job's admin did
+        if not has_user():  # a role's user may not create: its job's admin did
             await natsconfig.ensure(js, names, [p.name for p in config.spec.policies])
         kv = await js.key_value(names.heartbeats_bucket)
         return cls(config=config, pod=pod, nc=nc, js=js, names=names, kv=kv)
