@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, WithJsonSchema, model_validator
 
+from polyrl.api import taskparams
 from polyrl.api._version import DEFAULT_IMAGE
 from polyrl.api.base import ApiModel, Dns1035Name, Quantity, Resources, Toleration
 from polyrl.api.model_source import ModelSource as ModelSource
@@ -284,17 +285,26 @@ class PolicySpec(ApiModel):
 class TaskSpec(ApiModel):
     """The task episodes sample from: a built-in generator, a data file or `module:function`."""
 
+    # A dataset task's params are checked by the API server too (polyrl.api.taskparams).
+    model_config = ApiModel.model_config | {"json_schema_extra": taskparams.cel_rules()}
+
     name: str = Field(
         "arithmetic",
         min_length=1,
         description="`arithmetic`, `countdown`, `dataset` (a data file: docs/datasets.md) or `module:function`.",
     )
-    params: dict[str, int | float | str | bool] = Field(
+    params: Annotated[dict[str, taskparams.Value], WithJsonSchema(taskparams.schema())] = Field(
         default_factory=dict,
-        description="Task parameters, e.g. {digits: 2}; a dataset's path, format, promptKey, answerKey, heldOutPath, heldOutFraction, reward, rewardStyle, rewardTimeout.",
+        description="Task parameters, e.g. {digits: 2}; a dataset's are declared below (docs/datasets.md), any other key is the task's own.",
     )
     held_out: int = Field(1000, ge=0, description="Size of the fixed held-out split.")
     seed: int = Field(0, description="Seed of the task generator.")
+
+    @model_validator(mode="after")
+    def _params(self) -> TaskSpec:
+        if found := taskparams.problems(self.name, self.params):
+            raise ValueError("; ".join(found))
+        return self
 
 
 class WorkflowSpec(ApiModel):

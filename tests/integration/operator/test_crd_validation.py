@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from polyrl.api.resources import RLJob
+from polyrl.local import jobfile
 from polyrl.testing.kube import Kubectl
 
 GOOD: dict[str, Any] = {
@@ -140,6 +143,126 @@ def test_bad_manifests_are_rejected_with_a_readable_message(
     proc = apply(kubectl, namespace, doc)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+def task_job(params: dict[str, Any], name: str = "dataset") -> dict[str, Any]:
+    return job(spec__workflow={"task": {"name": name, "params": params}})
+
+
+def refused_by_the_models(doc: dict[str, Any]) -> str:
+    """What `polyrl run` and the operator say of `doc` (they parse it with the models)."""
+    with pytest.raises(ValidationError) as caught:
+        RLJob.model_validate({**doc, "metadata": {**doc["metadata"], "namespace": "x"}})
+    return str(caught.value)
+
+
+TRAIN = "pvc://math-data/train.parquet"
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "message"),
+    [
+        ({"path": TRAIN, "format": "parket"}, "params.format: Invalid value", "must be one of"),
+        ({"format": "verl"}, "params.path: Required value", "needs params.path (the data file)"),
+        ({"path": TRAIN, "heldOutFraction": 3}, "params.heldOutFraction: Invalid value", "below 1"),
+        (
+            {"path": TRAIN, "heldOutPath": "pvc://math-data/test.parquet", "heldOutFraction": 0.1},
+            "params: Invalid value",
+            "params.heldOutPath and params.heldOutFraction exclude each other",
+        ),
+        ({"path": TRAIN, "promptkey": "q"}, "params: Invalid value", "reads only the params"),
+        ({"path": TRAIN, "rewardStyle": "foo"}, "params.rewardStyle: Invalid value", "verl, trl"),
+        ({"path": TRAIN, "rewardTimeout": -1}, "params.rewardTimeout: Invalid value", "above 0"),
+        ({"path": ""}, "params.path: Invalid value", "params.path must be non-empty text"),
+        ({"path": TRAIN, "answerKey": 7}, "params.answerKey: Invalid value", "non-empty text"),
+        ({"path": True}, "params.path: Invalid value", "must be of type integer,string"),
+        ({"path": TRAIN, "heldOutFraction": "5%"}, "params.heldOutFraction: Invalid", "number"),
+    ],
+    ids=[
+        "format-misspelt",
+        "no-path",
+        "fraction-3",
+        "two-held-out-sources",
+        "unknown-key",
+        "unknown-reward-style",
+        "negative-timeout",
+        "empty-path",
+        "integer-answer-key",
+        "bool-path",
+        "text-fraction",
+    ],
+)
+def test_bad_dataset_params_are_rejected_naming_the_param(
+    kubectl: Kubectl,
+    crds_applied: None,
+    namespace: str,
+    params: dict[str, Any],
+    field: str,
+    message: str,
+) -> None:
+    doc = task_job(params)
+    proc = apply(kubectl, namespace, doc)
+    assert proc.returncode != 0
+    assert f"spec.workflow.task.{field}" in proc.stderr, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    # The models refuse it too, naming the same param (the CEL rules' message, or its type).
+    param = field.split(":")[0].removeprefix("params.")
+    said = refused_by_the_models(doc)
+    assert "spec.workflow.task" in said
+    assert (f"params.{param}" if param != "params" else message) in said, said
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("dataset", {"path": "data/math/train.parquet", "heldOutPath": "data/math/test.parquet"}),
+        (
+            "dataset",
+            {
+                "path": TRAIN,
+                "format": "trl",
+                "promptKey": "question",
+                "answerKey": "reward_model.ground_truth",
+                "heldOutFraction": 0,
+                "reward": "my_rewards:score",
+                "rewardStyle": "verl",
+                "rewardTimeout": 0.5,
+            },
+        ),
+        ("dataset", {"path": TRAIN, "heldOutFraction": 0.05, "rewardTimeout": 30}),
+        ("arithmetic", {"digits": 2, "ops": "+-", "reverse": True}),
+        ("my_tasks:make", {"format": 3, "heldOutFraction": 7, "ratio": 0.5, "on": False}),
+    ],
+    ids=["example", "every-param", "fraction-and-timeout", "arithmetic", "user-task"],
+)
+def test_good_task_params_are_accepted_by_the_api_server_and_the_models(
+    kubectl: Kubectl, crds_applied: None, namespace: str, name: str, params: dict[str, Any]
+) -> None:
+    doc = task_job(params, name)
+    proc = apply(kubectl, namespace, doc, "--dry-run=server")
+    assert proc.returncode == 0, proc.stderr
+    assert RLJob.model_validate({**doc, "metadata": {"name": "valid", "namespace": "x"}})
+
+
+def test_a_dataset_key_keeps_its_type_in_every_task(
+    kubectl: Kubectl, crds_applied: None, namespace: str
+) -> None:
+    doc = task_job({"reward": 0.5}, "my_tasks:make")
+    proc = apply(kubectl, namespace, doc)
+    assert proc.returncode != 0
+    assert "spec.workflow.task.params.reward: Invalid value" in proc.stderr, proc.stderr
+    assert "params.reward must be text or an integer (got 0.5)" in refused_by_the_models(doc)
+
+
+def test_every_shipped_example_is_accepted_by_the_api_server_and_polyrl_run(
+    kubectl: Kubectl, crds_applied: None, namespace: str, repo_root_module: Path
+) -> None:
+    examples = sorted((repo_root_module / "examples").glob("*.yaml"))
+    assert any(p.name == "math-dataset.yaml" for p in examples)
+    for path in examples:
+        proc = kubectl("apply", "-n", namespace, "--dry-run=server", "-f", str(path), check=False)
+        assert proc.returncode == 0, (path.name, proc.stderr)
+        jobfile.load(path)
 
 
 def test_a_job_name_that_is_dns_1123_but_not_dns_1035_is_rejected(

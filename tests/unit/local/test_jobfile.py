@@ -43,8 +43,13 @@ def test_a_good_job_file_loads_into_the_local_namespace(tmp_path: Path) -> None:
             "spec.policies.0.model.path",
         ),
         (GOOD.replace("metadata: {name: ok}", "metadata: {name: Not_DNS}"), "metadata.name"),
+        (
+            GOOD
+            + "  workflow: {task: {name: dataset, params: {path: t.parquet, format: parket}}}\n",
+            "spec.workflow.task: Value error, params.format must be one of verl, trl, openrlhf",
+        ),
     ],
-    ids=["bad-yaml", "wrong-kind", "bad-engine", "missing-model", "bad-name"],
+    ids=["bad-yaml", "wrong-kind", "bad-engine", "missing-model", "bad-name", "bad-dataset-param"],
 )
 def test_a_malformed_job_file_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(jobfile.JobFileError, match=message.replace(".", r"\.")):
@@ -60,4 +65,18 @@ def test_polyrl_run_exits_2_on_a_bad_job_and_starts_nothing(
     run_dir = tmp_path / "run"
     assert cli.main(["run", str(path), "--run-dir", str(run_dir)]) == cli.EXIT_USAGE
     assert "spec.policies.0.rollout.replicas" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_polyrl_run_refuses_bad_dataset_params_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = "{path: t.parquet, heldOutFraction: 3, promptkey: q}"
+    path = write(tmp_path, GOOD + f"  workflow: {{task: {{name: dataset, params: {params}}}}}\n")
+    run_dir = tmp_path / "run"
+    assert cli.main(["run", str(path), "--run-dir", str(run_dir)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "spec.workflow.task: " in err
+    assert "(unknown: promptkey)" in err
+    assert "params.heldOutFraction must be at least 0 and below 1 (got 3)" in err
     assert not run_dir.exists()
