@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from tests.unit.workers import rewardfns
 
+from polyrl.api import taskparams
 from polyrl.api.launch import DATA_ROOT_ENV, PVC_ROOT_ENV
 from polyrl.workers.tasks import base, dataset, rewards
 
@@ -110,7 +111,11 @@ def _parquet(path: Path, rows: list[dict[str, Any]]) -> str:
             {"heldOutPath": "SELF"},
             "row 30: column 'prompt' is neither text nor chat messages",
         ),
-        ([{"prompt": "1+1=", "answer": "2"}], {"format": "csv"}, "format 'csv': expected one of"),
+        (
+            [{"prompt": "1+1=", "answer": "2"}],
+            {"format": "csv"},
+            r"params\.format must be one of verl, trl, openrlhf, plain \(got 'csv'\)",
+        ),
         ([{"prompt": "1+1=", "answer": "2"}], {"reward": "nosuchmodule:f"}, "cannot import"),
     ],
 )
@@ -129,6 +134,30 @@ def test_bad_data_is_a_clear_error_naming_the_file_row_and_column(
         params["path"] = str(tmp_path / "x.csv")
     with pytest.raises(ValueError, match=message):
         dataset.make(params, held_out=40, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"promptkey": "q"}, r"reads only the params .* \(unknown: promptkey\)"),
+        ({"heldOutPath": "t.parquet", "heldOutFraction": 0.1}, "exclude each other"),
+        ({"heldOutFraction": 3}, r"params\.heldOutFraction must be at least 0 and below 1"),
+        ({"rewardTimeout": True}, r"params\.rewardTimeout must be a number \(got True\)"),
+    ],
+    ids=["unknown-key", "two-held-out-sources", "fraction-above-1", "bool-timeout"],
+)
+def test_params_the_api_refuses_are_refused_before_any_file_is_opened(
+    tmp_path: Path, params: dict[str, Any], message: str
+) -> None:
+    # The same declarations as the API server's rules (polyrl.api.taskparams); the file
+    # does not exist, so an error about it would mean the params were not checked first.
+    with pytest.raises(ValueError, match=f"^task dataset: .*{message}"):
+        dataset.make({"path": str(tmp_path / "absent.parquet"), **params}, held_out=4, seed=0)
+
+
+def test_the_worker_reads_the_declarations_the_api_checks() -> None:
+    assert (dataset.NAME, dataset.FORMATS) == (taskparams.NAME, taskparams.FORMATS)
+    assert rewards.STYLES == taskparams.REWARD_STYLES
 
 
 def test_an_empty_file_is_refused(tmp_path: Path) -> None:

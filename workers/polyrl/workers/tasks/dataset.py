@@ -6,7 +6,8 @@ Params (flat, as every task's): `path` (parquet, jsonl, json or arrow), `format`
 the same format; else `heldOutFraction`, default 0.05, of the rows, drawn with the task's
 seed), `reward` (`exact`, `math` or `module:function`), `rewardStyle` (`verl`, `trl`,
 `openrlhf`; detected from the function's signature when absent) and `rewardTimeout` (seconds,
-default 10).
+default 10). What each may be is declared in `polyrl.api.taskparams`, which the API server's
+rules come from too; `make` checks the same before it opens a file.
 
 | format | prompt | answer | other columns reach rewards as |
 |---|---|---|---|
@@ -33,11 +34,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from polyrl.api import taskparams
 from polyrl.workers.sources import resolve_data
 from polyrl.workers.tasks import base, rewards
 
-NAME = "dataset"
-FORMATS = ("verl", "trl", "openrlhf", "plain")
+NAME = taskparams.NAME
+FORMATS = taskparams.FORMATS
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}
 _KEYS = {
     "verl": ("prompt", "reward_model.ground_truth"),
@@ -47,10 +49,6 @@ _KEYS = {
 }
 _TRL_ANSWERS = ("answer", "solution", "ground_truth")
 _BATCH = 10_000
-KNOWN = {
-    "path", "format", "promptKey", "answerKey", "heldOutPath", "heldOutFraction", "reward",
-    "rewardStyle", "rewardTimeout",
-}  # fmt: skip
 log = logging.getLogger("polyrl.dataset")
 
 
@@ -210,36 +208,32 @@ def _keys(params: base.Params, fmt: str, columns: list[str], path: str) -> tuple
     return prompt_key, answer_key
 
 
-def _param(params: base.Params, key: str, kind: Any, default: Any) -> Any:
-    value = params.get(key, default)
-    if value is not None and not isinstance(value, kind):
-        raise ValueError(f"task {NAME}: param {key} must be a {kind.__name__}, got {value!r}")
-    return value
+def _text(params: base.Params, key: str) -> str | None:
+    value = params.get(key)
+    return None if value is None else str(value)
 
 
 def make(params: base.Params, *, held_out: int, seed: int) -> DatasetTask:
-    base.check_known(NAME, params, KNOWN)
-    path = _param(params, "path", str, None)
-    if not path:
-        raise ValueError(f"task {NAME}: param path (the data file) is required")
+    # The job's models checked these already; a direct caller (a test, a benchmark) too.
+    if found := taskparams.problems(NAME, params):
+        raise ValueError(f"task {NAME}: {'; '.join(found)}")
+    path = str(params["path"])
     data = open_file(path)
-    fmt = _param(params, "format", str, None)
+    fmt = _text(params, "format")
     if fmt is None:
         fmt = detect_format(data.column_names)
         log.info("dataset %s: format detected as %s (columns %s)", path, fmt, data.column_names)
-    elif fmt not in FORMATS:
-        raise ValueError(f"task {NAME}: format {fmt!r}: expected one of {', '.join(FORMATS)}")
     prompt_key, answer_key = _keys(params, fmt, data.column_names, path)
     reward = rewards.make(
-        _param(params, "reward", str, "exact"),
-        style=_param(params, "rewardStyle", str, None),
-        timeout=float(_param(params, "rewardTimeout", int | float, 10.0)),
+        _text(params, "reward") or "exact",
+        style=_text(params, "rewardStyle"),
+        timeout=float(params.get("rewardTimeout", taskparams.DEFAULT_REWARD_TIMEOUT)),
     )
     task = DatasetTask(
         data, source=path, fmt=fmt, prompt_key=prompt_key, answer_key=answer_key, reward=reward,
         held_out=[],
     )  # fmt: skip
-    held_path = _param(params, "heldOutPath", str, None)
+    held_path = _text(params, "heldOutPath")
     if held_path:
         other = open_file(held_path)
         task._held_out = [
@@ -247,7 +241,7 @@ def make(params: base.Params, *, held_out: int, seed: int) -> DatasetTask:
         ]
         _check_disjoint(task, held_path)
         return task
-    fraction = float(_param(params, "heldOutFraction", int | float, 0.05))
+    fraction = float(params.get("heldOutFraction", taskparams.DEFAULT_HELD_OUT_FRACTION))
     count = min(held_out, int(len(data) * fraction))
     indices = random.Random(f"{NAME}/held-out/{seed}").sample(range(len(data)), count)
     task._held_out = [task.problem(i) for i in sorted(indices)]

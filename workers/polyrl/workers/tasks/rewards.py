@@ -31,10 +31,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from polyrl.api import taskparams
 from polyrl.workers.tasks import base
 
 Reward = Callable[[base.Problem, str], float]
-STYLES = ("verl", "trl", "openrlhf")
+STYLES = taskparams.REWARD_STYLES
 _WORD = re.compile(r"[A-Za-z]{3,}")
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="reward")
 
