@@ -77,10 +77,12 @@ class OperatorProcess:
         self.nats_url = nats_url
         self.workdir = workdir
         self.workers = workers
+        self.settings: dict[str, str] = {}  # operator settings (env) over the defaults below
         self.proc: processes.Managed | None = None
         self.starts = 0
 
     def env(self) -> dict[str, str]:
+        signing = {"POLYRL_NATS_SIGNING_SECRET": self.signing_secret} if self.signing_secret else {}
         return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
@@ -91,7 +93,9 @@ class OperatorProcess:
             "POLYRL_STATUS_INTERVAL": "1",
             "POLYRL_CLEANUP_TIMEOUT": "4",
             "POLYRL_NATS_TIMEOUT": "2",
-        } | ({"POLYRL_NATS_SIGNING_SECRET": self.signing_secret} if self.signing_secret else {})
+            **signing,
+            **self.settings,
+        }
 
     def start(self) -> None:
         port = processes.free_port()
@@ -122,10 +126,12 @@ class OperatorProcess:
         self.stop()
         self.start()
 
-    def use(self, workers: Workers) -> None:
-        """Make the operator's pods run `workers`, restarting it if it runs others."""
-        if workers != self.workers or self.proc is None:
-            self.workers = workers
+    def use(self, workers: Workers, *, settings: dict[str, str] | None = None) -> None:
+        """Make the operator's pods run `workers`, with `settings` (env such as
+        POLYRL_NATS_USER_TTL) over the defaults, restarting it if it runs otherwise."""
+        settings = dict(settings or {})
+        if workers != self.workers or settings != self.settings or self.proc is None:
+            self.workers, self.settings = workers, settings
             self.restart()
 
     def log(self) -> str:

@@ -108,10 +108,20 @@ async def _nats(p: JobPass) -> None:
 
 
 async def _users(p: JobPass) -> None:
-    """Each role's own NATS user, where the operator has a signing key (natsusers)."""
+    """Each role's own NATS user, where the operator has a signing key (natsusers), renewed
+    before it expires."""
     signer = await p.ctx.hub.signer()
-    if signer is not None and (added := await natsusers.ensure(p.ctx.kube, p.job, signer)):
-        p.event("Normal", "NatsUsers", f"signed NATS users: {', '.join(added)}")
+    if signer is None:
+        return
+    done = await natsusers.ensure(p.ctx.kube, p.job, signer, ttl=p.ctx.settings.nats_user_ttl)
+    if done is None:
+        return
+    if done.renewed:
+        p.event("Normal", "NatsUsersRenewed", f"renewed NATS users until {done.expires}")
+    else:
+        p.event(
+            "Normal", "NatsUsers", f"signed NATS users until {done.expires}: {', '.join(done.keys)}"
+        )
 
 
 def _set(p: JobPass, type_: ConditionType, ok: bool, reason: str, message: str) -> bool:

@@ -147,22 +147,34 @@ class Kube:
         secret = await self._call("get", self.core.read_namespaced_secret, name, namespace)
         return dict(secret.data or {})
 
-    async def find_secret(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's data (base64 values), or None where there is none."""
+    async def find_secret(
+        self, namespace: str, name: str
+    ) -> tuple[dict[str, str], dict[str, str]] | None:
+        """The Secret's annotations and data (base64 values), or None where there is none."""
         try:
-            return await self.read_secret(namespace, name)
+            secret = await self._call("get", self.core.read_namespaced_secret, name, namespace)
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
+        return dict(secret.metadata.annotations or {}), dict(secret.data or {})
 
     async def create_secret(self, body: dict[str, Any]) -> None:
         namespace = body["metadata"]["namespace"]
         await self._call("create", self.core.create_namespaced_secret, namespace, body)
 
-    async def add_to_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        """Merge `data` (base64 values) into the Secret's keys."""
-        body = {"data": data}
+    async def add_to_secret(
+        self,
+        namespace: str,
+        name: str,
+        data: dict[str, str],
+        *,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        """Merge `data` (base64 values) into the Secret's keys, and `annotations` into its."""
+        body: dict[str, Any] = {"data": data}
+        if annotations:
+            body["metadata"] = {"annotations": annotations}
         await self._call("patch", self.core.patch_namespaced_secret, name, namespace, body)
 
     async def event(self, obj: dict[str, Any], *, type: str, reason: str, message: str) -> None:

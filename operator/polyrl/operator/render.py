@@ -21,6 +21,9 @@ from polyrl.api.launch import (
     CHECKPOINT_MOUNT,
     DATA_ROOTS,
     NATS_CREDS_ENV,
+    NATS_CREDS_FILE_ENV,
+    NATS_USER_FILE,
+    NATS_USER_MOUNT,
     POD_NAME_ENV,
     PVC_ROOT,
     RDZV_PORT,
@@ -31,6 +34,7 @@ from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob
 
 RUN_AS = 65532
 NATS_VOLUME = "nats-credentials"
+USER_VOLUME = "nats-user"
 # Every worker serves Prometheus metrics here (polyrl.workers.worker_metrics).
 METRICS_PORT, METRICS_PORT_ENV = 9400, "POLYRL_METRICS_PORT"
 
@@ -61,10 +65,8 @@ def _env(
     ]
     if nats_secret:
         env.append({"name": natstls.TLS_DIR_ENV, "value": natstls.TLS_MOUNT})
-    if nats_users:  # the pod's own user, signed for its role and policy (natsusers)
-        key = access.creds_key(launch.role, launch.policy)
-        ref = {"name": nats_users, "key": key}
-        env.append({"name": NATS_CREDS_ENV, "valueFrom": {"secretKeyRef": ref}})
+    if nats_users:  # the pod's own user, a file the kubelet renews (`user_volume`)
+        env.append({"name": NATS_CREDS_FILE_ENV, "value": f"{NATS_USER_MOUNT}/{NATS_USER_FILE}"})
     elif nats_secret:
         for var, key in (("POLYRL_NATS_TOKEN", "token"), (NATS_CREDS_ENV, "creds")):
             env.append(
@@ -76,6 +78,15 @@ def _env(
                 }
             )
     return env
+
+
+def user_volume(launch: WorkerLaunch, nats_users: str) -> dict[str, Any]:
+    """The pod's own key of the job's users Secret (signed for its role and policy), and no
+    other. A whole-volume mount, not a `subPath`: the kubelet replaces its file when the
+    operator renews the users, and the worker reads it again when it reconnects."""
+    item = {"key": access.creds_key(launch.role, launch.policy), "path": NATS_USER_FILE}
+    secret = {"secretName": nats_users, "items": [item], "defaultMode": 0o440}
+    return {"name": USER_VOLUME, "secret": secret}
 
 
 def _claim_volumes(launch: WorkerLaunch) -> list[tuple[str, str]]:
@@ -130,6 +141,9 @@ def _container(
     if nats_secret:
         mount = {"name": NATS_VOLUME, "mountPath": natstls.TLS_MOUNT, "readOnly": True}
         container["volumeMounts"].append(mount)
+    if nats_users:
+        mount = {"name": USER_VOLUME, "mountPath": NATS_USER_MOUNT, "readOnly": True}
+        container["volumeMounts"].append(mount)
     return container
 
 
@@ -158,6 +172,8 @@ def pod_spec(
     if nats_secret:  # its ca.crt, tls.crt and tls.key, where the worker reads TLS from
         secret = {"secretName": nats_secret, "optional": True, "defaultMode": 0o440}
         spec["volumes"].append({"name": NATS_VOLUME, "secret": secret})
+    if nats_users:
+        spec["volumes"].append(user_volume(launch, nats_users))
     if launch.role == Role.TRAINER:
         # The trainer's delta encoder reads snapshots from shared memory (two bf16 copies of the
         # model), and NCCL uses it too; a container's own /dev/shm is 64 MiB. Memory-backed, it

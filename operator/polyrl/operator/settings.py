@@ -19,6 +19,11 @@ class OperatorSettings:
     """Secret (in the operator's namespace) with the NATS account's public key (`account`)
     and one of its signing keys' seed (`seed`): with it, every job's pods get users of
     their own (`polyrl.operator.natsusers`) and the operator signs its own (POLYRL_NATS_SIGNING_SECRET)."""
+    nats_user_ttl: float = 24 * 3600.0
+    """Seconds a job's signed users are valid (POLYRL_NATS_USER_TTL): the operator re-signs
+    them while the job lives once less than half is left, so a copy of a deleted job's creds
+    works at most this long. Half of it must cover the kubelet's Secret refresh (about a
+    minute) and a resync (`status_interval`)."""
     namespace: str = "polyrl-system"
     """Where the operator runs (POLYRL_NAMESPACE)."""
     entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS
@@ -43,6 +48,7 @@ class OperatorSettings:
             nats_url=env.get("POLYRL_NATS_URL", d.nats_url),
             nats_credentials_secret=env.get("POLYRL_NATS_CREDENTIALS_SECRET") or None,
             nats_signing_secret=env.get("POLYRL_NATS_SIGNING_SECRET") or None,
+            nats_user_ttl=_positive(env, "POLYRL_NATS_USER_TTL", d.nats_user_ttl),
             namespace=env.get("POLYRL_NAMESPACE", d.namespace),
             entrypoints=Entrypoints(
                 worker=tuple(shlex.split(env.get("POLYRL_WORKER_COMMAND", "polyrl worker"))),
@@ -55,3 +61,10 @@ class OperatorSettings:
             nats_timeout=float(env.get("POLYRL_NATS_TIMEOUT", d.nats_timeout)),
             cleanup_timeout=float(env.get("POLYRL_CLEANUP_TIMEOUT", d.cleanup_timeout)),
         )
+
+
+def _positive(env: dict[str, str], name: str, default: float) -> float:
+    value = float(env.get(name) or default)
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, not {env[name]!r}")
+    return value

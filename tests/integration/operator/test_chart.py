@@ -250,6 +250,17 @@ def test_the_credentials_secret_appears_only_as_a_secret_name(helm_binary: Path)
         assert "secretKeyRef" not in env.get("valueFrom", {})
 
 
+def test_the_signing_secret_brings_the_users_lifetime_along(helm_binary: Path) -> None:
+    env = operator_env(render(helm_binary))
+    assert "POLYRL_NATS_SIGNING_SECRET" not in env
+    assert "POLYRL_NATS_USER_TTL" not in env
+    env = operator_env(render(helm_binary, values={"nats": {"signingSecret": "signing"}}))
+    assert env["POLYRL_NATS_SIGNING_SECRET"] == "signing"
+    assert env["POLYRL_NATS_USER_TTL"] == "86400"
+    values = {"nats": {"signingSecret": "signing", "userTTLSeconds": 3600}}
+    assert operator_env(render(helm_binary, values=values))["POLYRL_NATS_USER_TTL"] == "3600"
+
+
 def test_the_worker_image_and_image_tag_are_passed_through(helm_binary: Path) -> None:
     assert "POLYRL_DEFAULT_WORKER_IMAGE" not in operator_env(render(helm_binary))
     objects = render(
