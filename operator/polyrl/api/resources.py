@@ -293,7 +293,7 @@ class TaskSpec(ApiModel):
         min_length=1,
         description="`arithmetic`, `countdown`, `dataset` (a data file: docs/datasets.md) or `module:function`.",
     )
-    params: Annotated[dict[str, taskparams.Value], WithJsonSchema(taskparams.schema())] = Field(
+    params: Annotated[dict[str, taskparams.Param], WithJsonSchema(taskparams.schema())] = Field(
         default_factory=dict,
         description="Task parameters, e.g. {digits: 2}; a dataset's are declared below (docs/datasets.md), any other key is the task's own.",
     )

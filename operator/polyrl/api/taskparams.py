@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BeforeValidator
 from pydantic.config import JsonDict, JsonValue
 
 NAME = "dataset"
@@ -37,6 +38,18 @@ DEFAULT_REWARD_TIMEOUT = 10.0
 
 Value = int | float | str | bool
 Params = Mapping[str, Value]
+
+
+def _scalar(value: Any) -> Any:
+    """One message for a value that is no scalar (the API server keeps a task's own keys as
+    given, lists and objects too), instead of one per member of the union."""
+    if value is None or isinstance(value, list | dict):
+        kind = "null" if value is None else "a list" if isinstance(value, list) else "an object"
+        raise ValueError(f"a task param is a number, text or a boolean, not {kind}")
+    return value
+
+
+Param = Annotated[Value, BeforeValidator(_scalar)]  # what TaskSpec.params holds
 
 # Each key's meaning, as `kubectl explain` shows it (docs/datasets.md has the long form).
 TEXT: dict[str, str] = {

@@ -117,3 +117,15 @@ def test_every_rule_is_a_cel_rule_with_the_same_message_on_its_field() -> None:
     assert list(params["properties"]) == list(taskparams.KNOWN)
     assert params["x-kubernetes-preserve-unknown-fields"] is True
     assert "additionalProperties" not in params
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [([1, 2], "a list"), ({"a": 1}, "an object"), (None, "null")]
+)
+def test_a_param_that_is_no_scalar_is_one_error_naming_it(value: Any, kind: str) -> None:
+    # The API server keeps a task's own keys as given; the models refuse what is no scalar.
+    with pytest.raises(ValidationError) as caught:
+        TaskSpec(name="arithmetic", params={"digits": value})
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("params", "digits")
+    assert f"a task param is a number, text or a boolean, not {kind}" in error["msg"]
