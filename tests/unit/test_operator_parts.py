@@ -1,5 +1,5 @@
 """Pure parts of the operator: rendering checkpoint claims and pods, what a failed pod said,
-backoff, and the CRDs' schema hashes."""
+backoff, the CRDs' schema hashes, and what the models refuse."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from polyrl.api import crds, naming, natstls, plan
 from polyrl.api.base import memory_bytes, now_rfc3339
 from polyrl.api.launch import Role
 from polyrl.api.resources import RLJob
-from polyrl.operator import metrics, natshub, podinfo, render, scaling
+from polyrl.operator import metrics, natshub, podinfo, refused, render, scaling
 from polyrl.testing import pki
 
 JOB: dict[str, Any] = {
@@ -365,3 +365,14 @@ async def test_a_reconcile_pass_that_raises_is_counted_logged_and_retried() -> N
     await main._loop(ctx, "group", "ns", "g", StopAfter(2), logger, step)  # type: ignore[arg-type]
     assert len(calls) == 2  # the failed pass was retried, the loop lived on
     assert errors() == before + 1
+
+
+def test_a_job_the_models_refuse_is_explained_field_by_field() -> None:
+    assert refused.problems(JOB) is None
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["workflow"] = {"task": {"name": "arithmetic", "params": {"digits": [2]}}}
+    doc["spec"]["policies"][0]["rollout"] = {"replicas": -1}
+    said = refused.problems(doc)
+    assert said is not None
+    assert "spec.workflow.task.params.digits: Value error, a task param is a number" in said
+    assert "spec.policies.0.rollout.replicas: Input should be greater than or equal to 0" in said

@@ -4,7 +4,8 @@ One pass compares what should run (from `plan.group_launches`) with the pods in 
 and acts: creates missing pods, replaces failed ones with backoff, restarts a failed
 trainer as a gang up to `restartLimit`, rolls out spec changes, and scales the rollout pool
 down drain-first (see `scaling.victims`). Problems the schema cannot catch (no such job or
-policy, a second trainer) become `Ready=False` conditions with a reason, and no pods.
+policy, a job the models refuse, a second trainer) become `Ready=False` conditions with a
+reason, and no pods.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import ValidationError
 
 from polyrl.api import naming, plan
 from polyrl.api._version import DEFAULT_IMAGE
@@ -27,7 +30,16 @@ from polyrl.api.base import (
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.resources import Phase, PolicyGroup, PolicyGroupStatus, PolicySpec, RLJob
-from polyrl.operator import flow, metrics, natsusers, progress, render, report, scaling
+from polyrl.operator import (
+    flow,
+    metrics,
+    natsusers,
+    progress,
+    refused,
+    render,
+    report,
+    scaling,
+)
 from polyrl.operator.context import Context
 from polyrl.operator.podinfo import PodInfo
 
@@ -92,7 +104,12 @@ async def reconcile(
 
 
 async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
-    p.job = RLJob.model_validate(_job_doc(job_body)) if job_body else None
+    try:
+        p.job = RLJob.model_validate(_job_doc(job_body)) if job_body else None
+    except ValidationError as err:  # the job says so too, Failed (refused.py)
+        why = f"RLJob {p.group.spec.job_ref!r} cannot run: {refused.explain(err)}"
+        await _idle(p, Phase.FAILED, "JobInvalid", f"{why}; no pods are started")
+        return
     policy = p.job.spec.policy(p.group.spec.policy) if p.job else None
     if p.job is None or policy is None:
         reason = "JobNotFound" if p.job is None else "PolicyNotFound"
@@ -101,13 +118,7 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
             if p.job is None
             else f"policy {p.group.spec.policy!r} in RLJob {p.group.spec.job_ref!r}"
         )
-        p.condition(
-            ConditionType.READY, False, reason, f"{what} does not exist; no pods are started"
-        )
-        p.status.phase, p.blocked = Phase.PENDING, True
-        p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
-        p.status.selector = naming.active_rollout_selector(p.name)
-        await _delete_all(p, p.pods)
+        await _idle(p, Phase.PENDING, reason, f"{what} does not exist; no pods are started")
         return
     job_phase = Phase(p.job.status.phase)
     if p.job.spec.suspend or job_phase.is_terminal():
@@ -137,6 +148,15 @@ def _ended(job: RLJob) -> str:
     """Why the job ended, as its own conditions say (a failure's cause, quoted)."""
     said = find_condition(job.status.conditions, ConditionType.STOPPED)
     return f"the job has ended: {said.message}" if said and said.message else "the job has ended"
+
+
+async def _idle(p: Pass, phase: Phase, reason: str, message: str) -> None:
+    """The group cannot run: no pods, and Ready False saying why."""
+    p.condition(ConditionType.READY, False, reason, message)
+    p.status.phase, p.blocked = phase, True
+    p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
+    p.status.selector = naming.active_rollout_selector(p.name)
+    await _delete_all(p, p.pods)
 
 
 def _job_doc(body: Mapping[str, Any]) -> dict[str, Any]:

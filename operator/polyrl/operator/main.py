@@ -18,7 +18,7 @@ import kopf
 
 from polyrl.api import naming
 from polyrl.api.base import GROUP, VERSION
-from polyrl.operator import groups, jobs, kube, metrics, podinfo
+from polyrl.operator import groups, jobs, kube, metrics, podinfo, refused
 from polyrl.operator.context import Context, Wakers
 from polyrl.operator.natshub import NatsHub
 from polyrl.operator.settings import OperatorSettings
@@ -182,6 +182,8 @@ async def job_loop(
     async def step() -> None:
         group_bodies = list(groups_index.get((namespace, name), []))
         pods = list(pods_index.get((namespace, f"job:{name}"), []))
+        if await refused.job(memo.ctx.kube, body, pods):  # Failed, saying why
+            return
         await jobs.reconcile(memo.ctx, body, group_bodies, pods)
         metrics.observe_pods(("job", namespace, name), pods)
 
@@ -190,4 +192,5 @@ async def job_loop(
 
 @kopf.on.delete(*RLJOBS)
 async def job_deleted(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
-    await jobs.cleanup(memo.ctx, body)
+    if refused.problems(body) is None:  # else its streams' server and names are unknown
+        await jobs.cleanup(memo.ctx, body)

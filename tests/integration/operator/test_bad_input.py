@@ -4,7 +4,8 @@ The real workers run here (exec-mode pods): they check what they can at start-up
 workflow and task resolve, the model path is a causal LM) and say why they stop in their
 termination message; the operator quotes it on the PolicyGroup and the RLJob. A refusal of
 the input fails the job at once (running it again cannot help); other failures are retried
-with backoff while the job shows it is not healthy.
+with backoff while the job shows it is not healthy. A spec the API server keeps but the
+models refuse fails the job before anything starts (`InvalidSpec`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from tests.operator_stack import REAL_WORKERS, OperatorProcess, restricted_names
 
 from polyrl.testing.kube import Kubectl, condition, wait_for
 
-from .helpers import apply, events, find, get, job_doc
+from .helpers import apply, events, find, get, job_doc, reasons
 
 pytestmark = pytest.mark.slow
 
 WITHIN = 60.0
+GROUP = {"apiVersion": "polyrl.dev/v1alpha1", "kind": "PolicyGroup"}
 
 
 @pytest.fixture
@@ -154,3 +156,40 @@ def test_a_trainer_gang_that_cannot_meet_fails_within_its_rendezvous_timeout(
     assert "Rendezvous" in cond["message"] or "rendezvous" in cond["message"]
     job = get(kubectl, ns, "rlj", "gang")
     assert "gang-solver" in (condition_of(job, "WorkersHealthy") or {})["message"]
+
+
+def test_a_job_the_api_server_keeps_and_the_models_refuse_fails_naming_the_field(
+    kubectl: Kubectl, ns: str, operator: OperatorProcess
+) -> None:
+    # The schema keeps a task's own params as given; a task param must be a scalar.
+    name, log_start = "bad-params", len(operator.log())
+    task = {"name": "arithmetic", "params": {"digits": [1, 2]}}
+    apply(kubectl, ns, job_doc(name, workflow={"task": task}))
+
+    def failed() -> dict[str, Any] | None:
+        job = get(kubectl, ns, "rlj", name)
+        return job if job.get("status", {}).get("phase") == "Failed" else None
+
+    job = wait_for(f"job {name} Failed", failed, timeout=WITHIN)
+    said = condition_of(job, "Failed")
+    assert said is not None
+    assert (said["status"], said["reason"]) == ("True", "InvalidSpec")
+    assert (
+        "spec.workflow.task.params.digits: Value error, a task param is a number"
+        in (said["message"])
+    )
+    wait_for("an InvalidSpec event", lambda: "InvalidSpec" in reasons(kubectl, ns, name))
+    time.sleep(2.0)  # later passes leave it as it is, and start nothing
+    assert kubectl.json("get", "pg,pods", "-n", ns)["items"] == []
+    extra = {"jobRef": name, "policy": "solver", "rollout": {"replicas": 1}}
+    apply(kubectl, ns, {**GROUP, "metadata": {"name": "more"}, "spec": extra})
+
+    def group_said() -> dict[str, Any] | None:
+        said = condition_of(get(kubectl, ns, "pg", "more"), "Ready")
+        return said if said and said["reason"] == "JobInvalid" else None
+
+    said = wait_for("the group's JobInvalid", group_said, timeout=WITHIN)
+    assert "spec.workflow.task.params.digits" in said["message"]
+    assert kubectl.json("get", "pods", "-n", ns)["items"] == []
+    kubectl("delete", "rlj", name, "-n", ns, "--timeout=30s")  # the finalizer lets it go
+    assert "Traceback" not in operator.log()[log_start:]
