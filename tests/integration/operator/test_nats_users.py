@@ -144,12 +144,16 @@ def test_users_are_renewed_while_the_job_lives_and_reach_its_running_pods(
     assert {c["exp"] for c in claims.values()} == {expires}  # every user, the same new exp
     assert all(later["data"][k] != secret["data"][k] for k in secret["data"])
     key = access.creds_key(Role.ROLLOUT, "solver")
-    wanted = base64.b64decode(later["data"][key]).decode()
-    wait_for(  # the node agent re-syncs the pod's volume, as a kubelet does
-        "the rollout pod's file to hold its renewed user",
-        lambda: mounted_creds(cluster, ns, pod) == wanted or None,
-        timeout=10,
-    )
+    before = base64.b64decode(secret["data"][key]).decode()
+
+    def pod_has_the_renewed_user() -> bool:
+        # Renewals go on every few seconds: the file must match the Secret as it is now.
+        now = get(kubectl, ns, "secret", "renew-nats-users")["data"][key]
+        held = mounted_creds(cluster, ns, pod)
+        return held != before and held == base64.b64decode(now).decode()
+
+    # The node agent re-syncs the pod's volume, as a kubelet does.
+    wait_for("the rollout pod's file to hold its renewed user", pod_has_the_renewed_user)
     assert get(kubectl, ns, "pod", name)["metadata"]["uid"] == pod["metadata"]["uid"]  # no restart
     assert "NatsUsersRenewed" in reasons(kubectl, ns, "renew")
 

@@ -93,6 +93,7 @@ async def test_a_user_is_dropped_and_refused_once_its_jwt_expires(
         allow_reconnect=False,
     )
     sub = await nc.subscribe(NAMES.drain_subject(POLICY, "rollout-0"))
+    await nc.flush()  # the server has the subscription before the admin publishes
     await trusted.admin.publish(NAMES.drain_subject(POLICY, "rollout-0"), b"before")
     assert (await sub.next_msg(timeout=2)).data == b"before"  # a valid user, while it lasts
 
@@ -155,8 +156,11 @@ async def test_a_worker_reconnects_with_its_renewed_creds_file_when_its_user_exp
         drain = await rt.nc.subscribe(NAMES.drain_subject(POLICY, "rollout-0"))
         kubelet_writes(trusted.rollout_creds(lasting=60))  # the operator renewed the user
         await wait_until("the server to drop the expired user", lambda: time.time() > expires)
-        await wait_until("the worker to reconnect", lambda: rt.nc.stats["reconnects"] >= 1)
-        assert rt.nc.is_connected
+        await wait_until(
+            "the worker to reconnect",
+            lambda: rt.nc.stats["reconnects"] >= 1 and rt.nc.is_connected,
+        )
+        await rt.nc.flush()  # the server has the replayed subscription
         assert any("AuthExpired" in r.getMessage() for r in caplog.records), caplog.text
 
         # After the expiry: a subscription made before it still receives, JetStream works.
