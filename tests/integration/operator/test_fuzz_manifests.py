@@ -2,9 +2,10 @@
 PolicyGroup is rejected with a message that names a field, or accepted and reconciled to a
 phase with conditions; the operator logs no traceback and keeps running.
 
-The manifests are mutants of a valid RLJob and a valid PolicyGroup (hypothesis,
-derandomised): one node anywhere in the document replaced by a value of another type or an
-out-of-range number, removed, or given an unknown sibling. `POLYRL_FUZZ_SCALE` multiplies
+The manifests are mutants of two valid RLJobs (one with a dataset task, whose params the
+CRD's CEL rules check) and a valid PolicyGroup (hypothesis, derandomised): one node anywhere
+in the document replaced by a value of another type or an out-of-range number, removed, or
+given an unknown sibling. `POLYRL_FUZZ_SCALE` multiplies
 their number (`make test-fuzz`).
 """
 
@@ -43,6 +44,12 @@ def policy_group() -> dict[str, Any]:
             "trainer": {"replicas": 1},
         },
     }
+
+
+def dataset_job() -> dict[str, Any]:
+    """A job whose task's params the CRD's CEL rules check (polyrl.api.taskparams)."""
+    params = {"path": "/data/train.parquet", "format": "verl", "heldOutFraction": 0.1}
+    return job_doc("fz", workflow={"task": {"name": "dataset", "params": params}})
 
 
 def paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -96,10 +103,10 @@ def create(api: client.CustomObjectsApi, ns: str, doc: dict[str, Any]) -> str | 
 def test_generated_manifests_are_rejected_naming_a_field_or_reconciled_with_conditions(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, kube_api: client.ApiClient
 ) -> None:
-    docs = [job_doc("fz"), policy_group()]
+    docs = [job_doc("fz"), dataset_job(), policy_group()]
     drawn = [
         json.loads(m)
-        for valid, count in ((docs[0], 45), (docs[1], 15))
+        for valid, count in zip(docs, (45, 15, 15), strict=True)
         for m in fuzzing.examples(manifests(valid), count)
     ]
     api = client.CustomObjectsApi(kube_api)
@@ -117,7 +124,7 @@ def test_generated_manifests_are_rejected_naming_a_field_or_reconciled_with_cond
     print(
         f"{len(drawn)} manifests: {len(drawn) - len(accepted)} rejected, {len(accepted)} accepted"
     )
-    assert len(drawn) >= 60
+    assert len(drawn) >= 75
     assert len(accepted) < len(drawn)
 
     def reconciled() -> list[str]:
