@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from polyrl.api.messages import DrainAck, Drained, DrainRequest, WorkerState
 from polyrl.api.wire import Completion, GenerationRequest, GenerationResponse
+from polyrl.workers import outage
 from polyrl.workers.engines.base import Engine, SamplingParams
 from polyrl.workers.runtime import Runtime
 
@@ -124,17 +125,23 @@ class RolloutWorker:
         started = time.monotonic()
         try:
             while not (self.draining.is_set() or self.rt.stopping.is_set()):
-                await self._refresh_weights()
-                await self._read_queue_depth(sub)
-                batch = await self._fetch(sub)
-                if batch:
-                    await self._serve(batch)
+                await outage.retry(lambda: self._round(sub), what="serving requests")
                 self._figures(time.monotonic() - started)
             await self._finish_drain()
         finally:
             await sub.unsubscribe()
             if self.weights is not None:
                 await self.weights.close()
+
+    async def _round(self, sub: Any) -> None:
+        """Newer weights if announced, then a batch of requests served. In a NATS outage a
+        round fails and is tried again (`outage`): what it fetched and did not answer is
+        not acknowledged, so it is delivered again, here or to another replica."""
+        await self._refresh_weights()
+        await self._read_queue_depth(sub)
+        batch = await self._fetch(sub)
+        if batch:
+            await self._serve(batch)
 
     async def _fetch(self, sub: Any) -> list[Pending]:
         try:

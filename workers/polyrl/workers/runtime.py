@@ -47,7 +47,12 @@ from polyrl.api.launch import (
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.wire import DeadLetter
-from polyrl.workers import worker_metrics
+from polyrl.workers import outage, worker_metrics
+
+# Workers import these from here too.
+from polyrl.workers.errors import ConfigError as ConfigError
+from polyrl.workers.errors import StorageFull as StorageFull
+from polyrl.workers.errors import Unavailable as Unavailable
 from polyrl.workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger("polyrl.worker")
@@ -103,21 +108,6 @@ class MetricsLog:
         if self.path is not None:
             record = {"policy": policy, "stage": stage, "time": time.time()}
             self.write([record], path=self.path.with_name(STAGES_FILE))
-
-
-class ConfigError(RuntimeError):
-    """The job's spec or inputs cannot work (an unknown workflow or task, a model path that is
-    not a model): starting the worker again cannot help."""
-
-
-class Unavailable(RuntimeError):
-    """Something the worker needs is not there yet (NATS): worth another try later."""
-
-
-class StorageFull(Unavailable):
-    """A stream or bucket is at its limit (`natsconfig`): the worker stops and says which and
-    why, so that the job shows it in a condition instead of hanging; a later try may pass
-    once a consumer catches up."""
 
 
 def fail(prog: str, err: Exception) -> int:
@@ -227,9 +217,11 @@ class Runtime:
             await self.beat()
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
-    async def beat(self) -> None:
+    async def beat(self, *, required: bool = False) -> None:
         """Put this worker's heartbeat now (also between the periodic ones, when a figure that
-        others act on changes: a trainer's weight version, read by the workflow runner)."""
+        others act on changes: a trainer's weight version, read by the workflow runner).
+        A periodic one lost to a NATS outage is simply followed by the next; a `required` one
+        (a trainer's last, which the operator reads its final figures from) waits it out."""
         key = JobNames.heartbeat_key(self.config.policy, str(self.config.role), self.pod)
         beat = Heartbeat(
             pod=self.pod,
@@ -242,8 +234,12 @@ class Runtime:
         )
         if self.exported is not None:
             self.exported.observe(beat)
+        body = beat.model_dump_json().encode()
+        if required:
+            await outage.retry(lambda: self.kv.put(key, body), what=f"the heartbeat of {self.pod}")
+            return
         with contextlib.suppress(Exception):  # NATS may be reconnecting; try next beat
-            await self.kv.put(key, beat.model_dump_json().encode())
+            await self.kv.put(key, body)
 
     async def dead_letter(self, subject: str, data: bytes, error: str) -> None:
         """Keep a message we cannot use, with why, on the job's dead-letter stream."""

@@ -42,7 +42,17 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import Mode, WeightSync
 from polyrl.api.wire import Trajectory
-from polyrl.workers import bundle, grpo, preflight, prompts, ranks, retention, roles, warmstart
+from polyrl.workers import (
+    bundle,
+    grpo,
+    outage,
+    preflight,
+    prompts,
+    ranks,
+    retention,
+    roles,
+    warmstart,
+)
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
@@ -246,8 +256,12 @@ class Leader:
     async def _publish(self, version: int, *, final: bool) -> None:
         """Publish `version`, then prune the bucket (`retention`): nothing a live replica or a
         new one needs goes, and the bucket stays bounded however long the job runs."""
-        try:
-            await self.publisher.publish(self.trainer.bf16(), version=version, final=final)
+        state = self.trainer.bf16()
+        try:  # a retry rewrites the same objects; the announcements carry message ids
+            await outage.retry(
+                lambda: self.publisher.publish(state, version=version, final=final),
+                what=f"publishing weight version {version}",
+            )
         except APIError as err:
             if not natsconfig.is_full(err):
                 raise
@@ -368,7 +382,7 @@ async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
         # from this heartbeat (the periodic ones went out before the last step).
         rt.state = WorkerState.DONE
         rt.figures |= {"step": state.step, "weight_version": state.version}
-        await rt.beat()
+        await rt.beat(required=True)
     # A fetch that timed out can still receive its late deliveries, which then sit unread in the
     # subscription's queue and hold the connection's drain until its timeout (30 s by default,
     # seen at the end of every quick start). Unacked, they are redelivered to a later trainer.

@@ -30,6 +30,7 @@ from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import Mode, UniformGroups
 from polyrl.api.wire import GenerationRequest, GenerationResponse, Trajectory
+from polyrl.workers import outage
 from polyrl.workers.ahead import AheadGate
 from polyrl.workers.deltas import announce
 from polyrl.workers.episode import Episode, Prompt, nothing_held
@@ -453,8 +454,9 @@ class WorkflowRunner:
             weight_version=response.weight_version,
             created_at=time.time(),
         )
-        await self.rt.js.publish(
-            self.rt.names.trajectories_subject(policy),
-            trajectory.model_dump_json().encode(),
-            headers={"Nats-Msg-Id": trajectory.id},
+        subject = self.rt.names.trajectories_subject(policy)
+        body = trajectory.model_dump_json().encode()
+        await outage.retry(  # stored once: the message id
+            lambda: self.rt.js.publish(subject, body, headers={"Nats-Msg-Id": trajectory.id}),
+            what=f"trajectory {trajectory.id}",
         )
