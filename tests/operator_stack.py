@@ -126,6 +126,14 @@ class OperatorProcess:
         self.stop()
         self.start()
 
+    def kill(self) -> None:
+        """SIGKILL the operator (by its PID's process group): no shutdown, no cleanup."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            processes.stop(self.proc, grace=0)  # reaps it
+            self.proc = None
+
     def use(self, workers: Workers, *, settings: dict[str, str] | None = None) -> None:
         """Make the operator's pods run `workers`, with `settings` (env such as
         POLYRL_NATS_USER_TTL) over the defaults, restarting it if it runs otherwise."""

@@ -16,40 +16,62 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
+import re
 import signal
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
+import nats.js.errors
 import pytest
 import yaml
+from nats.js import JetStreamContext
 from tests.operator_stack import OperatorProcess, PodLogs, explained, pod_processes
 
+from polyrl.api import naming
 from polyrl.api.naming import JobNames
 from polyrl.bench.dataplane import stream_ids
+from polyrl.bench.netshape import ShapedProxy
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing import ledger
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.workers.deltas.chain import delta_name
+from polyrl.workers.deltas.store import WeightStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BATCH = 16
 TABLE: dict[str, ledger.Account] = {}
+RECOVERY: dict[str, str] = {}  # per case: how long until the job was whole again, and what
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def suite_table() -> Iterator[None]:
     yield
     if TABLE:
-        print("\nfault-injection suite, trajectory ledger per case:\n" + ledger.table(TABLE))
+        print(
+            "\nfault-injection suite, trajectory ledger per case:\n"
+            + ledger.table(TABLE, {"recovery": RECOVERY})
+        )
 
 
-def job(name: str, *, steps: int, checkpoint_every: int = 50) -> dict[str, Any]:
+def job(
+    name: str,
+    *,
+    steps: int | None = None,
+    checkpoint_every: int = 50,
+    replicas: int = 2,
+    keyframe_every: int = 20,
+) -> dict[str, Any]:
+    """A one-policy job on a tiny model: `steps` long, or, without, until `Case.stop_now`."""
     return {
         "apiVersion": "polyrl.dev/v1alpha1",
         "kind": "RLJob",
@@ -67,7 +89,8 @@ def job(name: str, *, steps: int, checkpoint_every: int = 50) -> dict[str, Any]:
                         "ledger": True,
                         "restartLimit": 10,
                     },
-                    "rollout": {"replicas": 2, "maxBatchSize": 16},
+                    "rollout": {"replicas": replicas, "maxBatchSize": 16},
+                    "keyframeEvery": keyframe_every,
                 }
             ],
             "workflow": {
@@ -76,7 +99,7 @@ def job(name: str, *, steps: int, checkpoint_every: int = 50) -> dict[str, Any]:
                 "task": {"params": {"digits": 1}},
             },
             "algorithm": {"groupSize": 4, "maxNewTokens": 3},
-            "stop": {"steps": steps},
+            "stop": {"steps": steps} if steps else {"durationSeconds": 3600},
         },
     }
 
@@ -118,6 +141,64 @@ class Case:
         for pid in mine:
             os.kill(pid, signal.SIGKILL)
         return len(mine)
+
+    def trains_on(self, step: int, since: float, case_name: str, after: str) -> float:
+        """Seconds from `since` until the trainer is two steps past `step`; noted for the table."""
+        wait_for("training going on", lambda: self.step() >= step + 2, timeout=240, interval=0.5)
+        seconds = time.monotonic() - since
+        RECOVERY[case_name] = f"{seconds:.1f} s to train 2 more steps after {after}"
+        return seconds
+
+    def stop_now(self) -> None:
+        """End a job that runs until stopped, as a user would: a stop condition already met."""
+        patch = json.dumps({"spec": {"stop": {"durationSeconds": 1}}})
+        self.kubectl("patch", "rlj", self.name, "-n", self.ns, "--type=merge", "-p", patch)
+
+    def pod_uids(self) -> dict[str, str]:
+        """Every pod of the job by name, with its UID (a replaced pod has a new one)."""
+        found = self.kubectl.json("get", "pods", "-n", self.ns, "-l", f"{naming.L_JOB}={self.name}")
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in found["items"]}
+
+    def version(self) -> int:
+        """The trainer's latest announced weight version."""
+        return asyncio.run(self._nats(self._latest_version))
+
+    def beat(self, pod: str) -> dict[str, Any]:
+        """A rollout pod's last heartbeat ({} before its first)."""
+        return asyncio.run(self._nats(lambda js: self._beat(js, pod)))
+
+    def log_of(self, pod: str) -> str:
+        """What the pod's container wrote so far (its live log in the node agent's sandbox)."""
+        return "".join(
+            log.read_text(errors="replace")
+            for log in sorted(self.logs.root.glob(f"{self.ns}_{pod}_*/*.log"))
+        )
+
+    async def _nats(self, use: Callable[[JetStreamContext], Awaitable[T]]) -> T:
+        nc = await nats.connect(self.nats_url)
+        try:
+            return await use(nc.jetstream())
+        finally:
+            await nc.close()
+
+    async def _latest_version(self, js: JetStreamContext) -> int:
+        names = JobNames(namespace=self.ns, job=self.name)
+        try:
+            msg = await js.get_last_msg(
+                names.weights_stream("solver"), names.weights_subject("solver")
+            )
+        except nats.js.errors.NotFoundError:
+            return -1
+        return int(json.loads(msg.data or b"{}")["version"])
+
+    async def _beat(self, js: JetStreamContext, pod: str) -> dict[str, Any]:
+        kv = await js.key_value(JobNames(namespace=self.ns, job=self.name).heartbeats_bucket)
+        try:
+            entry = await kv.get(JobNames.heartbeat_key("solver", "rollout", pod))
+        except nats.js.errors.KeyNotFoundError:
+            return {}
+        found: dict[str, Any] = json.loads(entry.value or b"{}")
+        return found
 
     def finish(self) -> dict[str, Any]:
         def ended() -> dict[str, Any] | None:
@@ -219,14 +300,16 @@ def test_a_rollout_pod_killed_mid_generation_loses_no_episode_and_no_sample(
 ) -> None:
     def inject(case: Case) -> None:
         case.wait_step(3)
+        step, killed = case.step(), time.monotonic()
         case.kill(f"{case.name}-solver-rollout-0")
+        case.trains_on(step, killed, "rollout SIGKILL", "the kill")
 
     acc = run_case(
         "rollout SIGKILL", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-        job("rkill", steps=8), inject,
+        job("rkill", steps=30), inject,
     )  # fmt: skip
     assert acc.resumes == 0
-    assert acc.trained_once >= 8 * BATCH
+    assert acc.trained_once >= 30 * BATCH
 
 
 @pytest.mark.chaos
@@ -240,15 +323,25 @@ def test_a_trainer_killed_mid_step_three_times_resumes_each_time_and_loses_nothi
 ) -> None:
     kills = 3
 
+    back: list[float] = []
+
     def inject(case: Case) -> None:
-        for epoch in range(kills):  # each trainer trains two steps of its epoch, then dies
+        killed = 0.0
+        for epoch in range(kills + 1):  # each trainer trains two steps of its epoch, then dies
             wait_for(
                 f"epoch {epoch} to train two steps",
                 lambda: sum(e.epoch == epoch for e in case.entries()) >= 2,  # noqa: B023
                 timeout=240,
                 interval=0.5,
             )
-            case.kill(f"{case.name}-solver-trainer-0")
+            if epoch:
+                back.append(time.monotonic() - killed)
+            if epoch < kills:
+                killed = time.monotonic()
+                case.kill(f"{case.name}-solver-trainer-0")
+        RECOVERY["trainer SIGKILL x3"] = (
+            f"{max(back):.1f} s at most from a kill to the resumed trainer's second step"
+        )
 
     acc = run_case(
         "trainer SIGKILL x3", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
@@ -270,13 +363,15 @@ def test_a_workflow_runner_killed_mid_episode_is_replaced_and_the_job_goes_on(
 ) -> None:
     def inject(case: Case) -> None:
         case.wait_step(3)
+        step, killed = case.step(), time.monotonic()
         case.kill(f"{case.name}-workflow-0")
+        case.trains_on(step, killed, "runner SIGKILL", "the kill")
 
     acc = run_case(
         "runner SIGKILL", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-        job("wkill", steps=10), inject,
+        job("wkill", steps=30), inject,
     )  # fmt: skip
-    assert acc.trained_once >= 10 * BATCH
+    assert acc.trained_once >= 30 * BATCH
 
 
 @pytest.mark.chaos
@@ -288,17 +383,316 @@ def test_nats_stopped_and_restarted_mid_run_every_worker_reconnects_and_the_job_
     nats_server: NatsServer,
     tmp_path: Path,
 ) -> None:
+    steps = 150
     with NatsServer(tmp_path / "own-nats") as own:  # file storage, kept across the restart
-        doc = job("nrestart", steps=10)
+        doc = job("nrestart", steps=steps)
         doc["spec"]["nats"] = {"url": own.url}
 
         def inject(case: Case) -> None:
             case.wait_step(3)
+            pods, step, stopped = case.pod_uids(), case.step(), time.monotonic()
             own.restart(down_seconds=5)
+            case.trains_on(step, stopped, "nats-server restart", "the server stopped (5 s down)")
+            assert step < steps - 5  # the restart came in the middle of it
+            # every worker rode it out in the pod it was in: nothing was replaced
+            assert case.pod_uids() == pods
 
         acc = run_case(
             "nats-server restart", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
             doc, inject,
         )  # fmt: skip
         kubectl("delete", "rlj", "nrestart", "-n", real_ns)  # while its NATS still runs
-    assert acc.trained_once >= 10 * BATCH
+    assert acc.resumes == 0  # the trainer never restarted
+    assert acc.trained_once >= steps * BATCH
+
+
+class Link:
+    """A `ShapedProxy` to the test's nats-server on a loop of its own thread: the link a
+    remote pool reaches NATS through, which the test can cut and heal."""
+
+    def __init__(self, port: int) -> None:
+        self.proxy = ShapedProxy("127.0.0.1", port, rate_bits=1e9, rtt=0.02)  # a regional link
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="link", daemon=True)
+
+    def __enter__(self) -> Link:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.proxy.__aenter__(), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.heal()
+        asyncio.run_coroutine_threadsafe(self.proxy.__aexit__(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    def cut(self) -> None:
+        self.loop.call_soon_threadsafe(self.proxy.cut)
+
+    def heal(self) -> None:
+        self.loop.call_soon_threadsafe(self.proxy.heal)
+
+
+def capacity_group(job: str, name: str, *, replicas: int, nats_url: str) -> dict[str, Any]:
+    """A PolicyGroup a user applies to add rollout capacity elsewhere (no trainer)."""
+    return {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "PolicyGroup",
+        "metadata": {"name": name},
+        "spec": {
+            "jobRef": job,
+            "policy": "solver",
+            "rollout": {"replicas": replicas, "maxBatchSize": 16},
+            "natsUrl": nats_url,
+        },
+    }
+
+
+@pytest.mark.chaos
+def test_a_remote_pool_cut_off_for_30_s_serves_only_announced_weights_and_the_latest_soon_after(
+    kubectl: Kubectl,
+    real_ns: str,
+    operator: OperatorProcess,
+    cluster: Cluster,
+    nats_server: NatsServer,
+    tmp_path: Path,
+) -> None:
+    keyframe_every, cut_seconds = 20, 30.0
+    remote = "cut-remote-rollout-0"
+    seen: list[tuple[int, int]] = []  # (the remote's version, the latest announced after it)
+    announced: list[tuple[float, int]] = []  # (unix time, the latest version then)
+    after_heal: dict[str, float] = {}
+
+    def watch(case: Case, until: Callable[[], bool], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not until():
+            if (version := case.beat(remote).get("weight_version")) is not None:
+                seen.append((version, case.version()))  # read after the replica's word
+            announced.append((time.time(), case.version()))
+            time.sleep(0.5)
+
+    with Link(nats_server.port) as link:
+
+        def inject(case: Case) -> None:
+            doc = capacity_group(case.name, "cut-remote", replicas=1, nats_url=link.url)
+            kubectl("apply", "-n", case.ns, "-f", "-", input=yaml.safe_dump(doc))
+            wait_for(
+                "the remote replica serving through its link",
+                lambda: case.beat(remote).get("requests_served", 0) > 0,
+                timeout=180,
+            )
+            link.cut()
+            before = case.version()
+            watch(case, lambda: False, cut_seconds)
+            assert case.version() > before  # the home pool kept the job training
+            link.heal()
+            healed_at, healed_version = time.time(), case.version()
+
+            def caught_up() -> bool:  # serving what was the latest when the link came back
+                return int(case.beat(remote).get("weight_version", -1)) >= healed_version
+
+            watch(case, caught_up, 120)
+            assert caught_up()
+            announced.append((time.time(), case.version()))  # now, after it said so
+            # When, by its own log, it first served that version; what had come out by then.
+            served_at = first_served(case.log_of(remote), healed_version)
+            after_heal["seconds"] = served_at - healed_at
+            after_heal["versions"] = (
+                next(v for t, v in announced if t >= served_at) - healed_version
+            )
+            RECOVERY["remote pool cut 30 s"] = (
+                f"{after_heal['seconds']:.1f} s after the heal to serve the version then latest"
+                f" ({after_heal['versions']:.0f} versions published meanwhile)"
+            )
+            print(
+                f"remote pool cut {cut_seconds:.0f}s from version {before}: serving the latest"
+                f" {after_heal['seconds']:.1f}s, {after_heal['versions']:.0f} versions after the heal"
+            )
+            case.stop_now()
+
+        acc = run_case(
+            "remote pool cut 30 s", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
+            job("cut", replicas=1, keyframe_every=keyframe_every), inject,
+        )  # fmt: skip
+    # never a version ahead of what was announced, never going back
+    assert seen
+    assert all(version <= announced for version, announced in seen)
+    versions = [version for version, _ in seen]
+    assert versions == sorted(versions)
+    assert after_heal["versions"] <= keyframe_every
+    assert acc.trained_once > 0
+
+
+@pytest.mark.chaos
+def test_a_corrupt_object_in_the_weights_bucket_is_refused_by_every_replica_that_reads_it(
+    kubectl: Kubectl,
+    real_ns: str,
+    operator: OperatorProcess,
+    cluster: Cluster,
+    nats_server: NatsServer,
+    tmp_path: Path,
+) -> None:
+    """Two of three replicas are frozen (SIGSTOP) so that they will read what the test
+    damages: the delta after the version each holds, and the one after that (it may have
+    fetched the first before it froze). The trainer goes on with the third replica."""
+    keyframe_every = 5
+    frozen = ["corrupt-solver-rollout-1", "corrupt-solver-rollout-2"]
+    damaged: list[str] = []
+    held: dict[str, int] = {}
+
+    def inject(case: Case) -> None:
+        case.wait_step(3)
+        wait_for("every replica serving", lambda: all(case.beat(p) for p in frozen), timeout=120)
+        pids = {pod: case.processes_of(pod) for pod in frozen}
+        for pid in (pid for found in pids.values() for pid in found):
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(0.5)  # what a replica logged before it froze is in its log by now
+            held.update({pod: served_version(case.log_of(pod)) for pod in frozen})
+            last = max(held.values()) + 2
+            # past the damaged deltas and on to a keyframe, so a resync has a sound path
+            beyond = (last // keyframe_every + 1) * keyframe_every
+            wait_for(f"version {beyond}", lambda: case.version() >= beyond, timeout=180)
+            for version in sorted({v + i for v in held.values() for i in (0, 1)}):
+                damaged.append(asyncio.run(case._nats(lambda js: damage(js, case, version))))  # noqa: B023
+        finally:
+            for pid in (pid for found in pids.values() for pid in found):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        resumed, thawed = case.version(), time.monotonic()
+        wait_for(
+            "each thawed replica refusing what it read and serving the latest again",
+            lambda: all(
+                (b := case.beat(p)).get("weights_refused", 0) >= 1
+                and b.get("weight_version", -1) >= resumed
+                for p in frozen
+            ),
+            timeout=120,
+        )
+        RECOVERY["weights object corrupted"] = (
+            f"{time.monotonic() - thawed:.1f} s from the thaw to both readers serving the latest"
+        )
+        wait_for("the trainer publishing on", lambda: case.version() > resumed, timeout=60)
+        case.stop_now()
+
+    acc = run_case(
+        "weights object corrupted", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
+        job("corrupt", replicas=3, keyframe_every=keyframe_every), inject,
+    )  # fmt: skip
+    print(f"held {held}; damaged {damaged}")
+    assert acc.trained_once > 0
+
+
+def first_served(log: str, version: int) -> float:
+    """Unix time of the rollout worker's first log line saying it serves `version` or later."""
+    for stamp, served in re.findall(
+        r"^(\S+ \S+) INFO polyrl.rollout: serving weight version (\d+)", log, re.M
+    ):
+        if int(served) >= version:
+            when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+            return when.astimezone().timestamp()  # the worker logs local time
+    raise AssertionError(f"the replica never said it serves version {version}")
+
+
+def served_version(log: str) -> int:
+    """The weight version a rollout worker last said it serves."""
+    found = re.findall(r"serving weight version (\d+)", log)
+    assert found, "the replica never said which weights it serves"
+    return int(found[-1])
+
+
+async def damage(js: JetStreamContext, case: Case, version: int) -> str:
+    """Flip a bit in the stored delta `version -> version + 1`, in place in the bucket (its
+    chunks rewritten, its metadata untouched): what a bad disk or a stray writer leaves."""
+    names = JobNames(namespace=case.ns, job=case.name)
+    store = await WeightStore.open(js, names.weights_bucket("solver"))
+    try:
+        name = delta_name(version, version + 1)
+        meta = await store.meta(name)
+        blob = bytearray(await store.get(name))
+        blob[len(blob) // 2] ^= 0x10
+        subject = f"$O.{store.bucket}.C.{meta.nuid}"
+        await js.purge_stream(store.stream, subject=subject)
+        for start in range(0, len(blob), store.chunk_size):
+            await js.publish(subject, bytes(blob[start : start + store.chunk_size]))
+        return name
+    finally:
+        await store.close()
+
+
+@pytest.mark.chaos
+def test_the_operator_killed_during_a_scale_storm_leaves_the_exact_count_and_nothing_draining(
+    kubectl: Kubectl,
+    real_ns: str,
+    operator: OperatorProcess,
+    cluster: Cluster,
+    nats_server: NatsServer,
+    tmp_path: Path,
+) -> None:
+    group = "storm-solver"
+    settled: dict[str, Any] = {}
+
+    def live_rollouts(case: Case) -> list[dict[str, Any]]:
+        found = kubectl.json(
+            "get", "pods", "-n", case.ns, "-l", f"{naming.L_GROUP}={group},{naming.L_ROLE}=rollout"
+        )["items"]
+        return [p for p in found if not p["metadata"].get("deletionTimestamp")]
+
+    def scale(case: Case, replicas: int) -> None:
+        kubectl("scale", "pg", group, "-n", case.ns, f"--replicas={replicas}")
+
+    def inject(case: Case) -> None:
+        case.wait_step(2)
+        scale(case, 8)
+        time.sleep(4)  # pods starting
+        scale(case, 2)
+        time.sleep(1.5)  # six draining
+        operator.kill()
+        scale(case, 6)  # while no operator runs
+        time.sleep(2)
+        scale(case, 0)
+        operator.start()
+        started = time.monotonic()
+        time.sleep(2)
+        scale(case, 3)
+
+        def exactly_three() -> list[dict[str, Any]] | None:
+            pods = live_rollouts(case)
+            status = case.status("pg", group)
+            ok = (
+                len(pods) == 3
+                and all(p["status"].get("phase") == "Running" for p in pods)
+                and not any(naming.L_DRAINING in p["metadata"]["labels"] for p in pods)
+                and status.get("replicas") == status.get("readyReplicas") == 3
+            )
+            return pods if ok else None
+
+        pods = wait_for("exactly 3 ready rollouts, none draining", exactly_three, timeout=180)
+        settled["seconds"] = time.monotonic() - started
+        time.sleep(5)  # and it stays so: nothing more created or deleted
+        again = exactly_three()
+        assert again is not None
+        assert {p["metadata"]["uid"] for p in again} == {p["metadata"]["uid"] for p in pods}
+        indices = [int(p["metadata"]["labels"][naming.L_REPLICA]) for p in pods]
+        assert len(set(indices)) == 3, indices
+        assert sorted(p["metadata"]["name"] for p in pods) == [
+            f"{group}-rollout-{i}" for i in sorted(indices)
+        ]
+        settled["indices"] = sorted(indices)
+        RECOVERY["operator SIGKILL in a scale storm"] = (
+            f"{settled['seconds']:.1f} s from the operator's restart to 3 ready, none draining"
+        )
+        version = case.version()
+        wait_for("training on with the new pool", lambda: case.version() > version + 2, timeout=60)
+        case.stop_now()
+
+    acc = run_case(
+        "operator SIGKILL in a scale storm", kubectl, real_ns, operator, cluster, nats_server,
+        tmp_path, job("storm", replicas=1), inject,
+    )  # fmt: skip
+    assert acc.trained_once > 0

@@ -118,14 +118,15 @@ def account(published: Iterable[str], entries: Sequence[Entry]) -> Account:
     return result
 
 
-def table(rows: dict[str, Account]) -> str:
-    """One line per case, one column per outcome."""
+def table(rows: dict[str, Account], extra: dict[str, dict[str, str]] | None = None) -> str:
+    """One line per case, one column per outcome, then the `extra` columns (by case)."""
     columns = list(next(iter(rows.values())).row()) if rows else []
+    extra = extra or {}
     width = max((len(k) for k in rows), default=4)
-    lines = [" | ".join(["case".ljust(width), *columns])]
+    lines = [" | ".join(["case".ljust(width), *columns, *extra])]
     for case, acc in rows.items():
         values = acc.row()
-        lines.append(
-            " | ".join([case.ljust(width), *(str(values[c]).rjust(len(c)) for c in columns)])
-        )
+        cells = [str(values[c]).rjust(len(c)) for c in columns]
+        cells += [by_case.get(case, "") for by_case in extra.values()]
+        lines.append(" | ".join([case.ljust(width), *cells]))
     return "\n".join(lines)

@@ -36,6 +36,9 @@ def test_a_sample_trained_only_in_a_rolled_back_step_is_counted_as_such() -> Non
     assert acc.only_rolled_back == 1
     assert acc.trained_once == 1
     assert "rolled back only" in table({"case": acc})
+    with_extra = table({"case": acc}, {"recovery": {"case": "2.5 s"}}).splitlines()
+    assert with_extra[0].endswith("| recovery")
+    assert with_extra[1].endswith("| 2.5 s")
 
 
 def test_the_trainers_ledger_file_reads_back_and_a_cut_last_line_is_ignored(tmp_path: Path) -> None:

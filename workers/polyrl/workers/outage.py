@@ -72,7 +72,7 @@ async def retry(op: Callable[[], Awaitable[T]], *, what: str, seconds: float | N
                 log.warning("NATS unavailable (%r): %s waits for it", err, what)
                 warned = True
             await asyncio.sleep(pause)
-            pause = min(pause * 2, 5.0)
+            pause = min(pause * 2, 1.0)  # each try that timed out has waited already
             continue
         if warned:
             log.info("NATS is back: %s went through", what)
