@@ -28,6 +28,7 @@ from polyrl.api.wire import DeadLetter, GenerationRequest, GenerationResponse
 from polyrl.local.natsserver import NatsServer
 from polyrl.workers import bundle, main
 from polyrl.workers import model as models
+from polyrl.workers.deltas.announce import WeightAnnouncement
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
 from polyrl.workers.rollout import RolloutWorker
@@ -249,3 +250,60 @@ async def test_fuzzed_requests_are_dead_lettered_exactly_when_malformed_and_serv
     kv = await nc.jetstream().key_value(names.heartbeats_bucket)
     entry = await kv.get(JobNames.heartbeat_key("solver", "rollout", "rollout-0"))
     assert Heartbeat.model_validate_json(entry.value or b"").dead_letters == expected
+
+
+async def test_fuzzed_announcements_are_dead_lettered_once_and_the_replica_keeps_its_weights(
+    setup: Any,
+) -> None:
+    """A writer that is not the trainer puts junk on the weights subject: the replica passes
+    over it to the newest well-formed announcement (or keeps what it serves), dead-letters
+    each once, and follows the trainer's next version."""
+    nc, names, trainer, publisher, worker, task = setup
+    js = nc.jetstream()
+    last = await js.get_last_msg(names.weights_stream("solver"), names.weights_subject("solver"))
+    valid = WeightAnnouncement.model_validate_json(last.data or b"").model_dump(mode="json")
+    messages = fuzzing.examples(fuzzing.mutants(valid), 150)
+    bad = [m for m in messages if fuzzing.malformed(WeightAnnouncement, m)]
+    assert len(bad) >= len(messages) // 3
+    for start in range(0, len(bad), 40):  # within what the stream keeps of the subject
+        chunk, before = bad[start : start + 40], worker.rt.dead_letters
+        for message in chunk:
+            await js.publish(names.weights_subject("solver"), message)
+        for _ in range(300):
+            if worker.rt.dead_letters >= before + len(chunk):
+                break
+            await asyncio.sleep(0.1)
+        assert worker.rt.dead_letters == before + len(chunk)
+    assert not task.done()
+    assert (await ask(nc, names, ["2+2="], n=1))[0].weight_version == 0
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    await publisher.publish(trainer.state())
+    for _ in range(60):
+        if (await ask(nc, names, ["1+1="], n=1))[0].weight_version == 1:
+            break
+    assert worker.engine.version == 1
+    assert worker.rt.dead_letters == len(bad)  # each once, however often it was read
+
+
+async def test_fuzzed_drain_requests_are_dead_lettered_and_the_replica_keeps_serving(
+    setup: Any,
+) -> None:
+    nc, names, _, _, worker, task = setup
+    valid = DrainRequest(pod="rollout-0", timeout_seconds=10).model_dump(mode="json")
+    bad = [
+        m for m in fuzzing.examples(fuzzing.mutants(valid), 150)
+        if fuzzing.malformed(DrainRequest, m)  # a well-formed one would drain it
+    ]  # fmt: skip
+    assert len(bad) >= 50
+    for message in bad:
+        await nc.publish(names.drain_subject("solver", "rollout-0"), message)
+    for _ in range(300):
+        if worker.rt.dead_letters >= len(bad):
+            break
+        await asyncio.sleep(0.1)
+    assert worker.rt.dead_letters == len(bad)
+    assert not task.done()
+    assert not worker.draining.is_set()
+    assert (await ask(nc, names, ["2+2="], n=1))[0].completions

@@ -76,7 +76,9 @@ async def build_rollout(
         "%s engine on %s (python environment %s)", policy.rollout.engine, engine.device, sys.prefix
     )
     store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
-    weights = EngineWeights(rt.js, rt.names, policy.name, store)
+    weights = EngineWeights(
+        rt.js, rt.names, policy.name, store, malformed=rt.malformed_announcements(policy.name)
+    )
     # Version 0 is announced right after the bundle; poll NATS for it (nothing to wait on).
     while await weights.update(engine) is None and weights.version is None:  # noqa: ASYNC110
         await asyncio.sleep(0.5)

@@ -22,6 +22,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,7 @@ class Runtime:
     state: WorkerState = WorkerState.STARTING
     figures: dict[str, Any] = field(default_factory=dict)
     dead_letters: int = 0
+    lettered: set[str] = field(default_factory=set)  # `dead_letter_once` keys
     exported: WorkerMetrics | None = None  # Prometheus gauges, where a port is set
 
     @classmethod
@@ -254,6 +256,22 @@ class Runtime:
         log.warning("dead-lettered a message on %s: %s", subject, error[:200])
         with contextlib.suppress(Exception):
             await self.js.publish(self.names.dead_letter_subject, letter.model_dump_json().encode())
+
+    async def dead_letter_once(self, key: str, subject: str, data: bytes, error: str) -> None:
+        """`dead_letter`, once per `key`: for a bad message read again and again until
+        something replaces it (the newest announcement on a stream)."""
+        if key not in self.lettered:
+            self.lettered.add(key)
+            await self.dead_letter(subject, data, error)
+
+    def malformed_announcements(self, policy: str) -> Callable[[int, bytes, str], Awaitable[None]]:
+        """What `announce.latest` tells of a malformed announcement: dead-letter it once."""
+        subject = self.names.weights_subject(policy)
+
+        async def letter(seq: int, data: bytes, error: str) -> None:
+            await self.dead_letter_once(f"{subject}#{seq}", subject, data, error)
+
+        return letter
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -25,9 +25,16 @@ log = logging.getLogger("polyrl.weights")
 
 class EngineWeights:
     def __init__(
-        self, js: JetStreamContext, names: JobNames, policy: str, store: WeightStore
+        self,
+        js: JetStreamContext,
+        names: JobNames,
+        policy: str,
+        store: WeightStore,
+        *,
+        malformed: announce.Malformed | None = None,
     ) -> None:
         self.js, self.names, self.policy = js, names, policy
+        self.malformed = malformed  # told of each malformed announcement passed over
         self.sync = WeightSync(store)
         self.attached = False  # sync.state is the engine's own tensors
         self.failures = 0
@@ -42,7 +49,7 @@ class EngineWeights:
 
     async def update(self, engine: Engine) -> int | None:
         """Serve the newest announced weights; the version if it changed, else None."""
-        latest = await announce.latest(self.js, self.names, self.policy)
+        latest = await announce.latest(self.js, self.names, self.policy, malformed=self.malformed)
         if latest is None or (latest.version, latest.epoch) == (self.sync.version, self.sync.epoch):
             return None
         try:

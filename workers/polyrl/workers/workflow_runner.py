@@ -139,7 +139,12 @@ class WorkflowRunner:
     async def _latest(self) -> dict[str, announce.WeightAnnouncement | None]:
         """Every policy's newest weight announcement (None before its first)."""
         names = [policy.name for policy in self.rt.config.spec.policies]
-        return {name: await announce.latest(self.rt.js, self.rt.names, name) for name in names}
+        return {
+            name: await announce.latest(
+                self.rt.js, self.rt.names, name, malformed=self.rt.malformed_announcements(name)
+            )
+            for name in names
+        }
 
     async def _latest_versions(self) -> dict[str, int]:
         return {p: a.version if a is not None else 0 for p, a in (await self._latest()).items()}

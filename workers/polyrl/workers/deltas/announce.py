@@ -11,16 +11,21 @@ announcement is the delta that up-to-date replicas need.
 number again with other weights, so a replica that synced under another epoch trusts none of its
 version numbers and starts from a keyframe. Like every wire message, it carries `v` and a receiver
 refuses a version it does not know.
+
+A message on the subject that is not a well-formed announcement (a writer that is not the
+trainer, where jobs share NATS credentials) must not stop a replica: `latest` passes over it
+to the newest well-formed one, and tells its caller, who dead-letters it once.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from typing import Final, Literal
 
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from polyrl.api.base import ApiModel
 from polyrl.api.naming import JobNames
@@ -68,10 +73,32 @@ async def publish(js: JetStreamContext, names: JobNames, announcement: WeightAnn
     )
 
 
-async def latest(js: JetStreamContext, names: JobNames, policy: str) -> WeightAnnouncement | None:
-    """The newest announcement of `policy`, or None if nothing was announced yet."""
+# Called with a malformed message's stream sequence, its body and why it was refused.
+Malformed = Callable[[int, bytes, str], Awaitable[None]]
+# How far back `latest` looks past malformed messages (the stream keeps the last 64).
+SCAN_BACK = 64
+
+
+async def latest(
+    js: JetStreamContext, names: JobNames, policy: str, *, malformed: Malformed | None = None
+) -> WeightAnnouncement | None:
+    """The newest well-formed announcement of `policy`, or None if there is none yet;
+    each malformed one passed over goes to `malformed`."""
+    stream = names.weights_stream(policy)
     try:
-        msg = await js.get_last_msg(names.weights_stream(policy), names.weights_subject(policy))
+        msg = await js.get_last_msg(stream, names.weights_subject(policy))
     except NotFoundError:
         return None
-    return WeightAnnouncement.model_validate_json(msg.data or b"")
+    for _ in range(SCAN_BACK):
+        try:
+            return WeightAnnouncement.model_validate_json(msg.data or b"")
+        except ValidationError as err:
+            if malformed is not None:
+                await malformed(msg.seq or 0, msg.data or b"", f"malformed announcement: {err}")
+        if not msg.seq or msg.seq <= 1:
+            return None
+        try:
+            msg = await js.get_msg(stream, msg.seq - 1)
+        except NotFoundError:  # older ones are gone: nothing well-formed within reach
+            return None
+    return None
