@@ -91,6 +91,7 @@ class OperatorProcess:
             "POLYRL_WORKER_COMMAND": self.workers.worker,
             "POLYRL_TRAINER_ENTRY": self.workers.trainer,
             "POLYRL_STATUS_INTERVAL": "1",
+            "POLYRL_STATUS_PROGRESS_INTERVAL": "1",
             "POLYRL_CLEANUP_TIMEOUT": "4",
             "POLYRL_NATS_TIMEOUT": "2",
             **signing,

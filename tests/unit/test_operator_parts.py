@@ -3,6 +3,7 @@ backoff, the CRDs' schema hashes, and what the models refuse."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import logging
@@ -376,3 +377,33 @@ def test_a_job_the_models_refuse_is_explained_field_by_field() -> None:
     assert said is not None
     assert "spec.workflow.task.params.digits: Value error, a task param is a number" in said
     assert "spec.policies.0.rollout.replicas: Input should be greater than or equal to 0" in said
+
+
+async def test_progress_news_wake_a_group_at_once_then_at_most_once_an_interval() -> None:
+    from polyrl.operator.context import Wakers
+
+    wakers = Wakers(progress_interval=1.0)
+    wakers.remember_pod("ns", "g-rollout-0", "g")
+    wakers.remember_pod("ns", "g-trainer-0", "g")
+    woken = wakers.event("group", "ns", "g")
+    wakes = 0
+
+    async def count_wakes(seconds: float) -> None:
+        nonlocal wakes
+        deadline = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < deadline:
+            if woken.is_set():
+                wakes += 1
+                woken.clear()
+            await asyncio.sleep(0.01)
+
+    wakers.wake_pod("ns", "g-trainer-0", progress=True)  # the first news: at once
+    assert woken.is_set()
+    for _ in range(10):  # a trainer stepping fast, replicas following: one wake for them all
+        wakers.wake_pod("ns", "g-trainer-0", progress=True)
+        wakers.wake_pod("ns", "g-rollout-0", progress=True)
+        await count_wakes(0.01)
+    await count_wakes(1.2)
+    assert wakes == 2
+    wakers.wake_pod("ns", "g-rollout-0")  # a state change is never held back
+    assert woken.is_set()

@@ -41,7 +41,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.label_selectors["v1", "pods"] = managed
     settings.watching.label_selectors["v1", "services"] = managed
     config = OperatorSettings.from_env()
-    wakers = Wakers()
+    wakers = Wakers(progress_interval=config.status_progress_interval)
     client = kube.Kube(kube.load_client())
     hub = NatsHub(client, config, wakers.wake_pod)
     memo.ctx = Context(kube=client, hub=hub, settings=config, wakers=wakers)

@@ -35,7 +35,8 @@ from polyrl.operator.kube import Kube
 from polyrl.operator.settings import OperatorSettings
 
 log = logging.getLogger("polyrl.operator.nats")
-Wake = Callable[[str, str], None]  # (namespace, pod) -> wake the pod's group
+# (namespace, pod, progress=) -> wake the pod's group; progress news are rate-limited
+Wake = Callable[..., None]
 
 
 class NatsUnavailable(RuntimeError):
@@ -228,8 +229,10 @@ class NatsHub:
                 continue
             before = channel.heartbeats.get(entry.key)
             channel.heartbeats[entry.key] = beat
-            if before is None or _figures(before) != _figures(beat):
-                self.wake(namespace, beat.pod)  # status shows what changed, promptly
+            if before is None or before.state != beat.state:
+                self.wake(namespace, beat.pod)  # a worker that starts, drains or is done
+            elif _figures(before) != _figures(beat):
+                self.wake(namespace, beat.pod, progress=True)  # status shows it soon
 
     def channel(self, namespace: str, job: str) -> JobChannel | None:
         return self.channels.get((namespace, job))

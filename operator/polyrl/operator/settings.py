@@ -34,6 +34,10 @@ class OperatorSettings:
     status_interval: float = 30.0
     """Seconds between resyncs of an object nothing happened to (a safety net: pod, group,
     job events and worker heartbeats wake its loop at once)."""
+    status_progress_interval: float = 5.0
+    """Least seconds between two status updates of a PolicyGroup made only for its workers'
+    progress (step, weight version, reward), however fast a trainer steps
+    (POLYRL_STATUS_PROGRESS_INTERVAL); other changes show at once."""
     nats_timeout: float = 5.0
     """Bound on one NATS operation (connect, create, delete)."""
     cleanup_timeout: float = 15.0
@@ -58,6 +62,9 @@ class OperatorSettings:
             ),
             default_image=env.get("POLYRL_DEFAULT_WORKER_IMAGE") or None,
             status_interval=float(env.get("POLYRL_STATUS_INTERVAL", d.status_interval)),
+            status_progress_interval=_positive(
+                env, "POLYRL_STATUS_PROGRESS_INTERVAL", d.status_progress_interval
+            ),
             nats_timeout=float(env.get("POLYRL_NATS_TIMEOUT", d.nats_timeout)),
             cleanup_timeout=float(env.get("POLYRL_CLEANUP_TIMEOUT", d.cleanup_timeout)),
         )
