@@ -538,3 +538,43 @@ async def test_a_full_request_queue_stops_the_runner_saying_so_instead_of_hangin
     assert isinstance(error, StorageFull)
     assert "request queue of policy 'solver' is full" in str(error)
     assert runner.fatal is error
+
+
+async def test_a_runner_replacing_one_of_the_same_name_sends_requests_the_queue_keeps(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Request ids are message ids, deduplicated by the stream for two minutes: a runner that
+    takes over a killed one's pod name within them must not send its ids again."""
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single")
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await natsconfig.ensure(js, names, ["solver", "verifier"])
+    stream = names.requests_stream("solver")
+    for policy in ("solver", "verifier"):  # announced weights: the runner asks for samples
+        await publish_policy(js, names, policy, tmp_path)
+
+    async def waiting() -> int:
+        return int((await js.stream_info(stream)).state.messages)
+
+    try:
+        for life in (1, 2):  # no rollout worker: every request stays in the queue
+            config = WorkerConfig(
+                namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+            )
+            rt = await Runtime.connect(config, "workflow-0")
+            runner = main.build_workflow(rt)
+            runner.drain_timeout = 0.5
+            running = asyncio.create_task(runner.run())
+            concurrency = runner.concurrency
+            for _ in range(600):
+                if await waiting() >= life * concurrency:
+                    break
+                await asyncio.sleep(0.1)
+            rt.stopping.set()
+            await asyncio.wait_for(running, timeout=60)
+            await rt.close()
+            assert await waiting() >= life * concurrency, life  # the second life's are kept too
+    finally:
+        await natsconfig.remove(js, names, ["solver", "verifier"])
+        await nc.close()

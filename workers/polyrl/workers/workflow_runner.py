@@ -79,6 +79,9 @@ class WorkflowRunner:
         self.inbox = f"{rt.names.prefix}.replies.{rt.pod}"
         self.waiting: dict[str, asyncio.Future[GenerationResponse]] = {}
         self.counter = itertools.count()
+        # Request ids are message ids the request stream deduplicates for two minutes: a runner
+        # that replaces a killed one under the same pod name must not reuse its ids.
+        self.boot = uuid.uuid4().hex[:8]
         self.episodes = 0
         self.failed = 0
         self.dropped_prompts = 0  # episodes whose prompt a policy could not take
@@ -389,7 +392,7 @@ class WorkflowRunner:
         """One request, retried on timeout under a fresh id."""
         temperature = self.rt.config.spec.algorithm.temperature
         for attempt in range(self.retries):
-            rid = f"{self.rt.pod}-{next(self.counter)}-{attempt}"
+            rid = f"{self.rt.pod}-{self.boot}-{next(self.counter)}-{attempt}"
             request = GenerationRequest(
                 id=rid,
                 episode_id=rid,
