@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -261,22 +262,40 @@ class Case:
             await nc.close()
 
 
-def run_case(
-    case_name: str,
+@dataclass(frozen=True)
+class Stack:
+    """What every case runs on: the cluster, the operator, NATS, a namespace whose pods run
+    the real workers, and a directory of its own."""
+
+    kubectl: Kubectl
+    ns: str
+    operator: OperatorProcess
+    cluster: Cluster
+    nats_server: NatsServer
+    tmp_path: Path
+
+
+@pytest.fixture
+def stack(
     kubectl: Kubectl,
-    ns: str,
+    real_ns: str,
     operator: OperatorProcess,
     cluster: Cluster,
     nats_server: NatsServer,
     tmp_path: Path,
-    doc: dict[str, Any],
-    inject: Callable[[Case], None],
+) -> Stack:
+    return Stack(kubectl, real_ns, operator, cluster, nats_server, tmp_path)
+
+
+def run_case(
+    case_name: str, stack: Stack, doc: dict[str, Any], inject: Callable[[Case], None]
 ) -> ledger.Account:
+    kubectl, ns, nats_server = stack.kubectl, stack.ns, stack.nats_server
     name = doc["metadata"]["name"]
-    logs = PodLogs(cluster, ns, tmp_path / "pod-logs")
+    logs = PodLogs(stack.cluster, ns, stack.tmp_path / "pod-logs")
     case = Case(kubectl, ns, name, logs, nats_server)
     case.nats_url = doc["spec"].get("nats", {}).get("url") or nats_server.url
-    with explained(kubectl, operator, logs):
+    with explained(kubectl, stack.operator, logs):
         kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
         started = time.monotonic()
         inject(case)
@@ -292,12 +311,7 @@ def run_case(
 
 
 def test_a_rollout_pod_killed_mid_generation_loses_no_episode_and_no_sample(
-    kubectl: Kubectl,
-    real_ns: str,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    nats_server: NatsServer,
-    tmp_path: Path,
+    stack: Stack,
 ) -> None:
     def inject(case: Case) -> None:
         case.wait_step(3)
@@ -305,22 +319,14 @@ def test_a_rollout_pod_killed_mid_generation_loses_no_episode_and_no_sample(
         case.kill(f"{case.name}-solver-rollout-0")
         case.trains_on(step, killed, "rollout SIGKILL", "the kill")
 
-    acc = run_case(
-        "rollout SIGKILL", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-        job("rkill", steps=30), inject,
-    )  # fmt: skip
+    acc = run_case("rollout SIGKILL", stack, job("rkill", steps=30), inject)
     assert acc.resumes == 0
     assert acc.trained_once >= 30 * BATCH
 
 
 @pytest.mark.chaos
 def test_a_trainer_killed_mid_step_three_times_resumes_each_time_and_loses_nothing(
-    kubectl: Kubectl,
-    real_ns: str,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    nats_server: NatsServer,
-    tmp_path: Path,
+    stack: Stack,
 ) -> None:
     kills = 3
 
@@ -344,10 +350,7 @@ def test_a_trainer_killed_mid_step_three_times_resumes_each_time_and_loses_nothi
             f"{max(back):.1f} s at most from a kill to the resumed trainer's second step"
         )
 
-    acc = run_case(
-        "trainer SIGKILL x3", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-        job("tkill", steps=14), inject,
-    )  # fmt: skip
+    acc = run_case("trainer SIGKILL x3", stack, job("tkill", steps=14), inject)
     assert acc.resumes == kills
     # what resumes re-trained is bounded by checkpointEvery x batchSize per resume (default 50)
     assert acc.retrained_after_resume + acc.only_rolled_back <= kills * 50 * BATCH
@@ -355,12 +358,7 @@ def test_a_trainer_killed_mid_step_three_times_resumes_each_time_and_loses_nothi
 
 @pytest.mark.chaos
 def test_a_workflow_runner_killed_mid_episode_is_replaced_and_the_job_goes_on(
-    kubectl: Kubectl,
-    real_ns: str,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    nats_server: NatsServer,
-    tmp_path: Path,
+    stack: Stack,
 ) -> None:
     def inject(case: Case) -> None:
         case.wait_step(3)
@@ -377,24 +375,16 @@ def test_a_workflow_runner_killed_mid_episode_is_replaced_and_the_job_goes_on(
             f"{time.monotonic() - killed:.1f} s from the kill to the new runner's first episode"
         )
 
-    acc = run_case(
-        "runner SIGKILL", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-        job("wkill", steps=30), inject,
-    )  # fmt: skip
+    acc = run_case("runner SIGKILL", stack, job("wkill", steps=30), inject)
     assert acc.trained_once >= 30 * BATCH
 
 
 @pytest.mark.chaos
 def test_nats_stopped_and_restarted_mid_run_every_worker_reconnects_and_the_job_finishes(
-    kubectl: Kubectl,
-    real_ns: str,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    nats_server: NatsServer,
-    tmp_path: Path,
+    stack: Stack,
 ) -> None:
     steps = 150
-    with NatsServer(tmp_path / "own-nats") as own:  # file storage, kept across the restart
+    with NatsServer(stack.tmp_path / "own-nats") as own:  # file storage, kept across the restart
         doc = job("nrestart", steps=steps)
         doc["spec"]["nats"] = {"url": own.url}
 
@@ -407,11 +397,8 @@ def test_nats_stopped_and_restarted_mid_run_every_worker_reconnects_and_the_job_
             # every worker rode it out in the pod it was in: nothing was replaced
             assert case.pod_uids() == pods
 
-        acc = run_case(
-            "nats-server restart", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-            doc, inject,
-        )  # fmt: skip
-        kubectl("delete", "rlj", "nrestart", "-n", real_ns)  # while its NATS still runs
+        acc = run_case("nats-server restart", stack, doc, inject)
+        stack.kubectl("delete", "rlj", "nrestart", "-n", stack.ns)  # while its NATS still runs
     assert acc.resumes == 0  # the trainer never restarted
     assert acc.trained_once >= steps * BATCH
 
@@ -465,12 +452,7 @@ def capacity_group(job: str, name: str, *, replicas: int, nats_url: str) -> dict
 
 @pytest.mark.chaos
 def test_a_remote_pool_cut_off_for_30_s_serves_only_announced_weights_and_the_latest_soon_after(
-    kubectl: Kubectl,
-    real_ns: str,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    nats_server: NatsServer,
-    tmp_path: Path,
+    stack: Stack,
 ) -> None:
     keyframe_every, cut_seconds = 20, 30.0
     remote = "cut-remote-rollout-0"
@@ -486,11 +468,11 @@ def test_a_remote_pool_cut_off_for_30_s_serves_only_announced_weights_and_the_la
             announced.append((time.time(), case.version()))
             time.sleep(0.5)
 
-    with Link(nats_server.port) as link:
+    with Link(stack.nats_server.port) as link:
 
         def inject(case: Case) -> None:
             doc = capacity_group(case.name, "cut-remote", replicas=1, nats_url=link.url)
-            kubectl("apply", "-n", case.ns, "-f", "-", input=yaml.safe_dump(doc))
+            stack.kubectl("apply", "-n", case.ns, "-f", "-", input=yaml.safe_dump(doc))
             wait_for(
                 "the remote replica serving through its link",
                 lambda: case.beat(remote).get("requests_served", 0) > 0,
@@ -526,9 +508,11 @@ def test_a_remote_pool_cut_off_for_30_s_serves_only_announced_weights_and_the_la
             case.stop_now()
 
         acc = run_case(
-            "remote pool cut 30 s", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-            job("cut", replicas=1, keyframe_every=keyframe_every), inject,
-        )  # fmt: skip
+            "remote pool cut 30 s",
+            stack,
+            job("cut", replicas=1, keyframe_every=keyframe_every),
+            inject,
+        )
     # never a version ahead of what was announced, never going back
     assert seen
     assert all(version <= announced for version, announced in seen)
@@ -540,12 +524,7 @@ def test_a_remote_pool_cut_off_for_30_s_serves_only_announced_weights_and_the_la
 
 @pytest.mark.chaos
 def test_a_corrupt_object_in_the_weights_bucket_is_refused_by_every_replica_that_reads_it(
-    kubectl: Kubectl,
-    real_ns: str,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    nats_server: NatsServer,
-    tmp_path: Path,
+    stack: Stack,
 ) -> None:
     """Two of three replicas are frozen (SIGSTOP) so that they will read what the test
     damages: the delta after the version each holds, and the one after that (it may have
@@ -591,9 +570,11 @@ def test_a_corrupt_object_in_the_weights_bucket_is_refused_by_every_replica_that
         case.stop_now()
 
     acc = run_case(
-        "weights object corrupted", kubectl, real_ns, operator, cluster, nats_server, tmp_path,
-        job("corrupt", replicas=3, keyframe_every=keyframe_every), inject,
-    )  # fmt: skip
+        "weights object corrupted",
+        stack,
+        job("corrupt", replicas=3, keyframe_every=keyframe_every),
+        inject,
+    )
     print(f"held {held}; damaged {damaged}")
     assert acc.trained_once > 0
 
@@ -637,24 +618,19 @@ async def damage(js: JetStreamContext, case: Case, version: int) -> str:
 
 @pytest.mark.chaos
 def test_the_operator_killed_during_a_scale_storm_leaves_the_exact_count_and_nothing_draining(
-    kubectl: Kubectl,
-    real_ns: str,
-    operator: OperatorProcess,
-    cluster: Cluster,
-    nats_server: NatsServer,
-    tmp_path: Path,
+    stack: Stack,
 ) -> None:
     group = "storm-solver"
     settled: dict[str, Any] = {}
 
     def live_rollouts(case: Case) -> list[dict[str, Any]]:
-        found = kubectl.json(
+        found = stack.kubectl.json(
             "get", "pods", "-n", case.ns, "-l", f"{naming.L_GROUP}={group},{naming.L_ROLE}=rollout"
         )["items"]
         return [p for p in found if not p["metadata"].get("deletionTimestamp")]
 
     def scale(case: Case, replicas: int) -> None:
-        kubectl("scale", "pg", group, "-n", case.ns, f"--replicas={replicas}")
+        stack.kubectl("scale", "pg", group, "-n", case.ns, f"--replicas={replicas}")
 
     def inject(case: Case) -> None:
         case.wait_step(2)
@@ -662,11 +638,11 @@ def test_the_operator_killed_during_a_scale_storm_leaves_the_exact_count_and_not
         time.sleep(4)  # pods starting
         scale(case, 2)
         time.sleep(1.5)  # six draining
-        operator.kill()
+        stack.operator.kill()
         scale(case, 6)  # while no operator runs
         time.sleep(2)
         scale(case, 0)
-        operator.start()
+        stack.operator.start()
         started = time.monotonic()
         time.sleep(2)
         scale(case, 3)
@@ -701,8 +677,5 @@ def test_the_operator_killed_during_a_scale_storm_leaves_the_exact_count_and_not
         wait_for("training on with the new pool", lambda: case.version() > version + 2, timeout=60)
         case.stop_now()
 
-    acc = run_case(
-        "operator SIGKILL in a scale storm", kubectl, real_ns, operator, cluster, nats_server,
-        tmp_path, job("storm", replicas=1), inject,
-    )  # fmt: skip
+    acc = run_case("operator SIGKILL in a scale storm", stack, job("storm", replicas=1), inject)
     assert acc.trained_once > 0
