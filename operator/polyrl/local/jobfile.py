@@ -47,7 +47,7 @@ def preflight(job: RLJob, *, code_dir: Path | None = None) -> None:
     workflow and task resolve, every model path is a causal LM), and say what is wrong.
     `code_dir` is searched first for a `module:function` workflow, as the workers will."""
     from polyrl.workers import preflight as checks
-    from polyrl.workers.runtime import ConfigError
+    from polyrl.workers.errors import ConfigError
 
     if code_dir is not None and str(code_dir) not in sys.path:
         sys.path.insert(0, str(code_dir))

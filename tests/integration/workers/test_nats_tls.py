@@ -20,7 +20,8 @@ from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer, ServerTls
 from polyrl.testing import pki
-from polyrl.workers.runtime import Runtime, Unavailable
+from polyrl.workers.errors import Unavailable
+from polyrl.workers.runtime import Runtime
 
 pytestmark = pytest.mark.slow
 

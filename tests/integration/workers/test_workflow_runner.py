@@ -28,9 +28,10 @@ from polyrl.workers import bundle, main, workflows
 from polyrl.workers import model as models
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.errors import StorageFull
 from polyrl.workers.reward_health import RewardsFailing
 from polyrl.workers.roles import FunctionWorkflow
-from polyrl.workers.runtime import Runtime, StorageFull
+from polyrl.workers.runtime import Runtime
 from polyrl.workers.tasks import load_task
 from polyrl.workers.tasks.rewards import RewardFailed
 from polyrl.workers.workflow_runner import WorkflowRunner

@@ -10,7 +10,7 @@ import pytest
 from polyrl.api.resources import RLJobSpec, Source
 from polyrl.workers import preflight, roles, tasks
 from polyrl.workers.episode import Episode
-from polyrl.workers.runtime import ConfigError
+from polyrl.workers.errors import ConfigError
 from polyrl.workers.workflows.single import Single
 from polyrl.workers.workflows.solver_verifier import SolverVerifier, verdicts
 

@@ -17,14 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from polyrl.workers import bundle, preflight, prompts, tasks
 from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.runtime import (
-    ConfigError,
-    Runtime,
-    Unavailable,
-    fail,
-    load_config,
-    torch_threads,
-)
+from polyrl.workers.errors import ConfigError, Unavailable
+from polyrl.workers.runtime import Runtime, fail, load_config, torch_threads
 from polyrl.workers.workflow_runner import WorkflowRunner
 from polyrl.workers.workflows import Workflow
 

@@ -13,8 +13,8 @@ downtime would cost minutes of training.
 (`POLYRL_NATS_OUTAGE_SECONDS`, default five minutes), then gives up with `Unavailable`, so a
 server that is really gone still ends the worker with a clear reason. It is only for
 operations that are safe to repeat: publishes that carry a message id (JetStream stores
-them once), reads, and puts that overwrite what they wrote. `is_transient` tells the loops
-that simply go round again (a rollout worker's fetch-serve loop) what to wait out.
+them once), reads, puts that overwrite what they wrote, and a rollout worker's round (what it
+fetched and did not answer is redelivered).
 """
 
 from __future__ import annotations
@@ -52,10 +52,6 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 
 def patience() -> float:
     return float(os.environ.get(PATIENCE_ENV, DEFAULT_PATIENCE))
-
-
-def is_transient(err: BaseException) -> bool:
-    return isinstance(err, TRANSIENT)
 
 
 async def retry(op: Callable[[], Awaitable[T]], *, what: str, seconds: float | None = None) -> T:

@@ -17,7 +17,7 @@ from pathlib import Path
 from polyrl.api.resources import PolicySpec, RLJobSpec
 from polyrl.workers import roles as policy_roles
 from polyrl.workers import tasks
-from polyrl.workers.runtime import ConfigError
+from polyrl.workers.errors import ConfigError
 
 log = logging.getLogger("polyrl.preflight")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polyrl.workers.runtime import ConfigError
+from polyrl.workers.errors import ConfigError
 
 FAILING_IN_A_ROW = 64
 

@@ -49,11 +49,7 @@ from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.wire import DeadLetter
 from polyrl.workers import outage, worker_metrics
-
-# Workers import these from here too.
-from polyrl.workers.errors import ConfigError as ConfigError
-from polyrl.workers.errors import StorageFull as StorageFull
-from polyrl.workers.errors import Unavailable as Unavailable
+from polyrl.workers.errors import ConfigError, Unavailable
 from polyrl.workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger("polyrl.worker")
@@ -174,7 +170,7 @@ class Runtime:
     state: WorkerState = WorkerState.STARTING
     figures: dict[str, Any] = field(default_factory=dict)
     dead_letters: int = 0
-    lettered: set[str] = field(default_factory=set)  # `dead_letter_once` keys
+    lettered: set[str] = field(default_factory=set)  # malformed announcements dead-lettered
     exported: WorkerMetrics | None = None  # Prometheus gauges, where a port is set
 
     @classmethod
@@ -257,19 +253,15 @@ class Runtime:
         with contextlib.suppress(Exception):
             await self.js.publish(self.names.dead_letter_subject, letter.model_dump_json().encode())
 
-    async def dead_letter_once(self, key: str, subject: str, data: bytes, error: str) -> None:
-        """`dead_letter`, once per `key`: for a bad message read again and again until
-        something replaces it (the newest announcement on a stream)."""
-        if key not in self.lettered:
-            self.lettered.add(key)
-            await self.dead_letter(subject, data, error)
-
     def malformed_announcements(self, policy: str) -> Callable[[int, bytes, str], Awaitable[None]]:
-        """What `announce.latest` tells of a malformed announcement: dead-letter it once."""
+        """What `announce.latest` tells of a malformed announcement: dead-letter it, once per
+        stream sequence (the newest one is read again at every refresh until replaced)."""
         subject = self.names.weights_subject(policy)
 
         async def letter(seq: int, data: bytes, error: str) -> None:
-            await self.dead_letter_once(f"{subject}#{seq}", subject, data, error)
+            if (key := f"{subject}#{seq}") not in self.lettered:
+                self.lettered.add(key)
+                await self.dead_letter(subject, data, error)
 
         return letter
 

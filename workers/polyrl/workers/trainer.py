@@ -58,18 +58,10 @@ from polyrl.workers.deltas import announce
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.deltas.publish import WeightPublisher
 from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.errors import ConfigError, StorageFull, Unavailable
 from polyrl.workers.learner import Trainer, shuffled_rewards, to_samples
 from polyrl.workers.ledger import Ledger
-from polyrl.workers.runtime import (
-    ConfigError,
-    MetricsLog,
-    Runtime,
-    StorageFull,
-    Unavailable,
-    fail,
-    load_config,
-    torch_threads,
-)
+from polyrl.workers.runtime import MetricsLog, Runtime, fail, load_config, torch_threads
 from polyrl.workers.scoring import Scorer
 
 log = logging.getLogger("polyrl.trainer")

@@ -34,12 +34,13 @@ from polyrl.workers import outage
 from polyrl.workers.ahead import AheadGate
 from polyrl.workers.deltas import announce
 from polyrl.workers.episode import Episode, Prompt, nothing_held
+from polyrl.workers.errors import StorageFull
 from polyrl.workers.held import HeldGroups, LeaveOut
 from polyrl.workers.policy_tokenizers import Tokenizers
 from polyrl.workers.prompts import PromptError
 from polyrl.workers.reward_health import RewardHealth, RewardsFailing
 from polyrl.workers.roles import Reports, Workflow
-from polyrl.workers.runtime import MetricsLog, Runtime, StorageFull
+from polyrl.workers.runtime import MetricsLog, Runtime
 from polyrl.workers.syncmode import RoundGate, per_runner_need
 
 log = logging.getLogger("polyrl.workflow")
