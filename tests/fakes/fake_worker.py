@@ -6,6 +6,8 @@ operator relies on, over real NATS:
 
 - reads its single config document (POLYRL_WORKER_CONFIG) and pod name (POLYRL_POD_NAME);
 - heartbeats into the job's KV bucket every 0.5 s (state, weight version, trainer step);
+- answers the pod's readiness probe on $POLYRL_METRICS_PORT once a heartbeat said it
+  serves (the real workers' `worker_metrics`);
 - rollout: pulls requests from the policy's work queue one at a time, "generates" by
   sleeping `work_seconds`, replies on the request's `reply_to` subject with its pod name,
   and acks only after replying (so a killed worker's request is redelivered);
@@ -16,7 +18,8 @@ operator relies on, over real NATS:
   exits 0; workflow: only heartbeats.
 
 Run as `python fake_worker.py rollout|workflow` (the operator's worker command), or by
-torchrun as the trainer entry (role taken from the config document).
+torchrun as the trainer entry (role taken from the config document); `python fake_worker.py
+trainer torchrun ...`, a trainer pod's command, checks nothing and becomes torchrun.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from polyrl.api import natsconfig
 from polyrl.api.launch import CONFIG_ENV, POD_NAME_ENV, WorkerConfig
 from polyrl.api.messages import DrainAck, Drained, DrainRequest, Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
+from polyrl.workers import worker_metrics
 
 
 class FakeWorker:
@@ -48,6 +52,7 @@ class FakeWorker:
         self.in_flight = 0
         self.step = 0
         self.stop = asyncio.Event()
+        self.said: WorkerState | None = None  # the last heartbeat's state NATS took
 
     async def run(self) -> None:
         self.nc = await nats.connect(self.config.nats_url, max_reconnect_attempts=-1)
@@ -56,6 +61,7 @@ class FakeWorker:
         await natsconfig.ensure(self.js, self.names, policies)
         self.kv = await self.js.key_value(self.names.heartbeats_bucket)
         tasks = [asyncio.create_task(self._heartbeat())]
+        worker_metrics.from_env(str(self.config.role), self.config.policy or "", ready=self.why)
         role = str(self.config.role)
         if role == "rollout":
             policy = self.config.policy or ""
@@ -89,6 +95,12 @@ class FakeWorker:
             reward=self.step / 100 if str(self.config.role) == "trainer" else None,
         )
         await self.kv.put(key, beat.model_dump_json().encode())
+        self.said = WorkerState(beat.state)
+
+    def why(self) -> str | None:
+        """Why this pod is not Ready (None: it is), as the real workers' readiness says."""
+        ready = self.said is not None and self.said.is_ready() and self.state.is_ready()
+        return None if ready else f"{self.state}"
 
     async def _train(self) -> None:
         """A step every period until the policy's last step (if it has one); then, as the
@@ -153,6 +165,8 @@ class FakeWorker:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["trainer"]:  # `<worker> trainer torchrun ...`: nothing to check
+        os.execvp(sys.argv[2], sys.argv[2:])
     config = WorkerConfig.model_validate_json(os.environ[CONFIG_ENV])
     pod = os.environ.get(POD_NAME_ENV) or f"{config.policy_group}-{config.role}-{config.replica}"
     worker = FakeWorker(config, pod)

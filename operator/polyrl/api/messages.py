@@ -26,6 +26,11 @@ class WorkerState(enum.StrEnum):
     DRAINED = "drained"
     DONE = "done"  # a trainer past its last step, its last version published and saved
 
+    def is_ready(self) -> bool:
+        """The worker does its job (serves, trains, runs episodes, or finished): said in a
+        heartbeat, its pod is Ready (the readiness probe, `polyrl.workers.worker_metrics`)."""
+        return self in (WorkerState.SERVING, WorkerState.TRAINING, WorkerState.DONE)
+
 
 class Heartbeat(ApiModel):
     """What a worker reports every few seconds (the operator derives status from it)."""

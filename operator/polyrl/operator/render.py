@@ -6,7 +6,7 @@ dropped, RuntimeDefault seccomp, read-only root with a writable /tmp; trainers a
 memory-backed /dev/shm), run with
 `restartPolicy: Never` (the operator replaces them, with backoff), never mount a service
 account token (workers talk only to NATS), and carry a hash of their spec so a changed image
-or resources rolls out.
+or resources rolls out. A pod is Ready once its worker does its job (`READINESS_PROBE`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ NATS_VOLUME = "nats-credentials"
 USER_VOLUME = "nats-user"
 # Every worker serves Prometheus metrics here (polyrl.workers.worker_metrics).
 METRICS_PORT, METRICS_PORT_ENV = 9400, "POLYRL_METRICS_PORT"
+# Ready means doing its job, said in a heartbeat (a rollout serves the current weights, a
+# trainer trains, a runner runs episodes): the worker answers on its metrics port. Probed
+# every 2 s, so a scale-up is Ready within 2 s of serving; two misses in a row take a
+# pod that drains or hangs out of Ready.
+READINESS_PROBE: dict[str, Any] = {
+    "httpGet": {"path": "/ready", "port": "metrics"},
+    "periodSeconds": 2,
+    "timeoutSeconds": 5,
+    "failureThreshold": 2,
+}
 
 
 def owner_ref(kind: str, name: str, uid: str, *, api_version: str = API_VERSION) -> dict[str, Any]:
@@ -127,6 +137,7 @@ def _container(
     if launch.resources is not None:
         container["resources"] = launch.resources.to_api()
     container["ports"] = [{"name": "metrics", "containerPort": METRICS_PORT}]
+    container["readinessProbe"] = READINESS_PROBE
     if launch.role == Role.TRAINER:
         container["ports"].append({"name": "rdzv", "containerPort": RDZV_PORT})
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})

@@ -4,11 +4,14 @@ with Prometheus's own text parser; the values follow the worker as it goes."""
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 
 import pytest
 from tests import scrape as scraping
 
 from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.messages import WorkerState
 from polyrl.api.resources import RLJobSpec
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
@@ -74,6 +77,48 @@ def test_a_port_that_cannot_be_had_leaves_the_worker_without_metrics_not_stopped
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(worker_metrics.PORT_ENV, "not-a-port")
-    assert worker_metrics.from_env() is None
+    assert worker_metrics.from_env(ready=lambda: None) is None
     monkeypatch.delenv(worker_metrics.PORT_ENV)
-    assert worker_metrics.from_env() is None
+    assert worker_metrics.from_env(ready=lambda: None) is None
+
+
+def ready(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+async def test_a_worker_is_ready_once_a_heartbeat_said_it_serves_and_not_while_it_drains(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = processes.free_port()
+    monkeypatch.setenv(worker_metrics.PORT_ENV, str(port))
+    spec = RLJobSpec.model_validate(
+        {"policies": [{"name": "solver", "model": {"path": "tiny-llama://m"}}]}
+    )
+    config = WorkerConfig(
+        namespace="t", job="ready", role=Role.ROLLOUT, policy="solver",
+        nats_url=nats_server.url, spec=spec,
+    )  # fmt: skip
+    rt = await Runtime.connect(config, "ready-rollout-0")
+    beating = asyncio.create_task(rt.heartbeat_forever())
+    try:
+        await rt.beat()
+        starting = await asyncio.to_thread(ready, port)
+        rt.state = WorkerState.SERVING  # not yet said in a heartbeat
+        unsaid = await asyncio.to_thread(ready, port)
+        await rt.enter(WorkerState.SERVING)
+        serving = await asyncio.to_thread(ready, port)
+        rt.state = WorkerState.DRAINING
+        draining = await asyncio.to_thread(ready, port)
+        scraped = await asyncio.to_thread(scrape, port)  # the figures, on the same port
+    finally:
+        beating.cancel()
+        await rt.close()
+    assert starting == (503, "rollout is starting\n")
+    assert unsaid == (503, "rollout is serving (not yet in a heartbeat)\n")
+    assert serving == (200, "ready\n")
+    assert draining[0] == 503
+    assert scraped["polyrl_worker_info"] == 1.0

@@ -121,7 +121,7 @@ class RolloutWorker:
             durable=names.rollout_consumer,
             stream=names.requests_stream(self.policy),
         )
-        self.rt.state = WorkerState.SERVING
+        await self.rt.enter(WorkerState.SERVING)
         started = time.monotonic()
         try:
             while not (self.draining.is_set() or self.rt.stopping.is_set()):

@@ -172,6 +172,22 @@ class Runtime:
     dead_letters: int = 0
     lettered: set[str] = field(default_factory=set)  # malformed announcements dead-lettered
     exported: WorkerMetrics | None = None  # Prometheus gauges, where a port is set
+    said: WorkerState | None = None  # the state of the last heartbeat NATS took
+
+    def not_ready(self) -> str | None:
+        """Why this worker's pod is not Ready (its readiness probe), or None: it is once a
+        heartbeat said that it serves, trains or runs episodes, so the operator's view and
+        the pod's agree."""
+        if self.said is not None and self.said.is_ready() and self.state.is_ready():
+            return None
+        return f"{self.config.role} is {self.state}" + (
+            "" if self.said == self.state else " (not yet in a heartbeat)"
+        )
+
+    async def enter(self, state: WorkerState) -> None:
+        """Change state and say so at once (readiness follows the heartbeat)."""
+        self.state = state
+        await self.beat()
 
     @classmethod
     async def connect(cls, config: WorkerConfig, pod: str, *, timeout: float = 10.0) -> Runtime:
@@ -210,7 +226,9 @@ class Runtime:
     async def heartbeat_forever(self) -> None:
         """Beat every HEARTBEAT_SECONDS; serve the figures to Prometheus too, if asked to."""
         if self.exported is None:
-            self.exported = worker_metrics.from_env(str(self.config.role), self.config.policy or "")
+            self.exported = worker_metrics.from_env(
+                str(self.config.role), self.config.policy or "", ready=self.not_ready
+            )
         while True:
             await self.beat()
             await asyncio.sleep(HEARTBEAT_SECONDS)
@@ -235,9 +253,12 @@ class Runtime:
         body = beat.model_dump_json().encode()
         if required:
             await outage.retry(lambda: self.kv.put(key, body), what=f"the heartbeat of {self.pod}")
-            return
-        with contextlib.suppress(Exception):  # NATS may be reconnecting; try next beat
-            await self.kv.put(key, body)
+        else:
+            try:
+                await self.kv.put(key, body)
+            except Exception:  # NATS may be reconnecting; try next beat
+                return
+        self.said = WorkerState(beat.state)
 
     async def dead_letter(self, subject: str, data: bytes, error: str) -> None:
         """Keep a message we cannot use, with why, on the job's dead-letter stream."""

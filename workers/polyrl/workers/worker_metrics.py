@@ -1,10 +1,16 @@
-"""Prometheus metrics of a worker, served on `POLYRL_METRICS_PORT` when it is set.
+"""Prometheus metrics and readiness of a worker, served on `POLYRL_METRICS_PORT` when it is set.
 
 The operator sets the port in every worker pod and declares it as the container's `metrics`
 port, so a Prometheus (or `kubectl port-forward`) can scrape any trainer, rollout worker or
 workflow runner. The figures are the heartbeat's: `observe` copies each heartbeat into the
 gauges as it is put, so the metrics and the status the operator derives from heartbeats
 never disagree. A local run (`polyrl run`) sets no port: its figures are in metrics.jsonl.
+
+The same port answers the pod's readiness probe at `/ready`: 200 once the worker does its
+job (a rollout worker serves the current weights, a trainer trains, a workflow runner runs
+episodes) and has said so in a heartbeat, 503 with why not before that and while it drains.
+So a pod is Ready when it serves, not when its process starts: what `RolloutsReady`, the
+job's `Ready` and the operator's scale latency are made of.
 
 | metric | what |
 |---|---|
@@ -35,14 +41,21 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from http.server import ThreadingHTTPServer
+from urllib.parse import urlparse
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client.exposition import MetricsHandler
 
 from polyrl.api.messages import Heartbeat
 
 log = logging.getLogger("polyrl.worker")
 PORT_ENV = "POLYRL_METRICS_PORT"
+READY_PATH = "/ready"  # the pod's readiness probe (`polyrl.operator.render`)
+# Why a worker is not ready, or None when it is.
+Readiness = Callable[[], str | None]
 # Heartbeat field -> gauge name (without the prefix) and help; None values are left unset.
 FIGURES = {
     "weight_version": "weights served (rollout) or trained from (trainer)",
@@ -106,19 +119,43 @@ class WorkerMetrics:
             for _ in range(count):
                 self.staleness.observe(age)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, addr="0.0.0.0", registry=self.registry)
+    def serve(self, port: int, ready: Readiness) -> ThreadingHTTPServer:
+        """Metrics on every path but `READY_PATH`, which answers `ready()`; in a thread."""
+        handler = type(
+            "Handler", (_Handler,), {"registry": self.registry, "readiness": staticmethod(ready)}
+        )
+        server = ThreadingHTTPServer(("0.0.0.0", port), handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        return server
 
 
-def from_env(role: str = "", policy: str = "") -> WorkerMetrics | None:
-    """Metrics served on $POLYRL_METRICS_PORT; None where it is not set, or where the port
-    cannot be had (a warning: metrics are not worth stopping a worker for)."""
+class _Handler(MetricsHandler):
+    readiness: Readiness
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server names it)
+        if urlparse(self.path).path != READY_PATH:
+            super().do_GET()
+            return
+        why = type(self).readiness()
+        body = f"{why or 'ready'}\n".encode()
+        self.send_response(200 if why is None else 503)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def from_env(role: str = "", policy: str = "", *, ready: Readiness) -> WorkerMetrics | None:
+    """Metrics and readiness served on $POLYRL_METRICS_PORT; None where it is not set, or
+    where the port cannot be had (a warning: metrics are not worth stopping a worker for; its
+    pod then never turns Ready, which says so too)."""
     port = os.environ.get(PORT_ENV)
     if not port:
         return None
     metrics = WorkerMetrics(role, policy)
     try:
-        metrics.serve(int(port))
+        metrics.serve(int(port), ready)
     except (OSError, ValueError) as err:
         log.warning("no Prometheus metrics: cannot serve on port %s: %s", port, err)
         return None

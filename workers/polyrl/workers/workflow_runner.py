@@ -223,7 +223,7 @@ class WorkflowRunner:
 
     async def run(self) -> None:
         await self.rt.nc.subscribe(self.inbox, cb=self._on_reply)
-        self.rt.state = WorkerState.SERVING
+        await self.rt.enter(WorkerState.SERVING)
         await self._poll_trainers()  # so the first episodes already know
         watchers = [asyncio.create_task(self._watch_trainers())]
         if self.ahead is not None:  # so the first requests already know (a runner restarted)
