@@ -222,10 +222,22 @@ def _nats_trust(args: argparse.Namespace) -> int:
     from polyrl.api import natsjwt
 
     out: Path = args.directory
-    if out.exists() and any(out.iterdir()):
-        print(f"polyrl nats-trust: {out} is not empty; choose a new directory", file=sys.stderr)
+    trust = natsjwt.Trust.new()
+    if (out / natsjwt.TRUST_FILE).is_file():  # again: the same trust, its files written anew
+        try:
+            trust = natsjwt.Trust.load(out)
+        except ValueError as err:
+            print(f"polyrl nats-trust: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"keeping the trust in {out} (its {natsjwt.TRUST_FILE})")
+    elif out.exists() and any(out.iterdir()):
+        print(
+            f"polyrl nats-trust: {out} is not empty and holds no {natsjwt.TRUST_FILE}; "
+            "choose a new directory",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
-    written = natsjwt.write_trust(natsjwt.Trust.new(), out, secret=args.secret_name)
+    written = natsjwt.write_trust(trust, out, secret=args.secret_name, namespace=args.namespace)
     for path, what in written.items():
         print(f"{path}  {what}")
     return 0
@@ -237,13 +249,26 @@ def _add_nats_trust(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="make a NATS trust for per-role users: server config, signing Secret, admin creds",
         description="Make a fresh NATS operator, system account and jobs account (nkeys and "
         "JWTs) and write what each side needs: auth.conf for nats-server (include it: "
-        "operator, memory resolver, max_control_line), signing-secret.yaml for the polyrl "
-        "operator (the jobs account's public key and a signing key's seed; apply it in the "
-        "operator's namespace and set the chart's nats.signingSecret), admin.creds (every "
-        "subject of the account, for the nats CLI) and trust.json (every seed, to keep "
-        "offline). See docs/security.md.",
+        "operator, memory resolver, max_control_line; `python -m polyrl.local.natsserver "
+        "--trust DIR` runs a server with it), signing-secret.yaml for the polyrl operator (the "
+        "operator's namespace and a Secret with the jobs account's public key and a signing "
+        "key's seed: `kubectl apply -f` it, then install the chart with nats.signingSecret), "
+        "admin.creds (every subject of the account, for the nats CLI) and trust.json (every "
+        "seed, to keep offline). Run again on the same DIR, it keeps that trust and writes "
+        "the other files anew. See docs/security.md.",
     )
-    p.add_argument("directory", type=Path, metavar="DIR", help="new (or empty) directory")
+    p.add_argument(
+        "--namespace",
+        default="polyrl-system",
+        help="the operator's namespace, where signing-secret.yaml puts the Secret "
+        "(default polyrl-system)",
+    )
+    p.add_argument(
+        "directory",
+        type=Path,
+        metavar="DIR",
+        help="a new or empty directory, or an earlier trust's",
+    )
     p.add_argument(
         "--secret-name",
         default="polyrl-nats-signing",
@@ -306,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         from polyrl.operator import run as operator_run
 
         return operator_run.main(argv[1:])
+    if argv[:2] == ["worker", "trainer"]:  # a trainer pod's check: its imports only
+        from polyrl.workers import preflight
+
+        return preflight.trainer_then(argv[2:])
     if argv[:1] == ["worker"]:  # likewise the workers (they need the train extra)
         from polyrl.workers import main as worker_main
 

@@ -46,7 +46,8 @@ TRAINER_ENTRY = ("-m", "polyrl.workers.trainer")  # what torchrun runs on every 
 
 @dataclass(frozen=True, slots=True)
 class Entrypoints:
-    """What the worker image runs: `<worker> rollout|workflow`, `torchrun ... <trainer>`.
+    """What the worker image runs: `<worker> rollout|workflow`, and `<worker> trainer
+    torchrun ... <trainer>` (checks, then torchrun runs `<trainer>` on every rank).
 
     The defaults fit the worker image; the operator can override them for other images.
     """
@@ -207,14 +208,22 @@ def rollout_template(
 
 
 def trainer_command(
-    group: str, trainer: TrainerSpec, entry: Sequence[str] = TRAINER_ENTRY
+    group: str, trainer: TrainerSpec, entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS
 ) -> list[str]:
-    """torchrun: standalone for one node; c10d rendezvous on the headless Service otherwise.
+    """`<worker> trainer torchrun ...`: the worker checks the job's input without torch (in
+    seconds: a bad model path or task name fails the pod at once), then becomes torchrun:
+    standalone for one node, c10d rendezvous on the headless Service otherwise.
 
     `$(POLYRL_RDZV_ENDPOINT)` and `$(POLYRL_NODE_RANK)` are filled by whoever renders the
     launch (the operator points them at pod 0 behind `<group>-trainer`).
     """
-    base = ["torchrun", f"--nproc-per-node={trainer.nproc_per_node}"]
+    base = [
+        *entrypoints.worker,
+        Role.TRAINER.value,
+        "torchrun",
+        f"--nproc-per-node={trainer.nproc_per_node}",
+    ]
+    entry = entrypoints.trainer
     if trainer.replicas == 1:
         return [*base, "--standalone", "--nnodes=1", *entry]
     timeout = trainer.rendezvous_timeout_seconds  # connecting to the store, then joining
@@ -259,7 +268,7 @@ def _trainer(
         policy_group=name,
         replica=replica,
         image=group.spec.image or policy.image or job.spec.image,
-        command=trainer_command(name, trainer, entrypoints.trainer),
+        command=trainer_command(name, trainer, entrypoints),
         env=env,
         labels=_labels(job, Role.TRAINER, replica, group),
         resources=trainer.resources,

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from tests.operator_stack import REAL_WORKERS, OperatorProcess, restricted_namespace
 
 from polyrl.testing.kube import Kubectl, condition, wait_for
 
-from .helpers import apply, events, find, get, job_doc, reasons
+from .helpers import REPO, apply, events, find, get, job_doc, reasons
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +35,18 @@ def real_ns(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[str]:
 
 
 def bad_job(name: str, case: str) -> dict[str, Any]:
-    doc = job_doc(name)
+    """The cluster example (two policies, three rollout pods, all of whose workers start at
+    once and contend for the CPUs) with one thing wrong."""
+    doc = yaml.safe_load((REPO / "examples" / "solver-verifier.yaml").read_text())
+    doc["metadata"]["name"] = name
     spec = doc["spec"]
     if case == "workflow":
-        spec["workflow"] = {"name": "nosuchmodule:fn"}
+        spec["workflow"]["name"] = "nosuchmodule:fn"
     elif case == "task":
-        spec["workflow"] = {"task": {"name": "nosuchtask"}}
+        spec["workflow"]["task"] = {"name": "nosuchtask"}
     elif case == "model":
-        spec["policies"][0]["model"] = {"path": "/does/not/exist"}
-    return doc
+        spec["policies"][0]["model"]["path"] = "/does/not/exist"
+    return dict(doc)
 
 
 def condition_of(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -70,7 +74,13 @@ def test_input_a_worker_refuses_fails_the_job_quoting_the_cause(
         job = get(kubectl, ns, "rlj", name)
         return job if job.get("status", {}).get("phase") == "Failed" else None
 
-    job = wait_for(f"job {name} Failed", failed, timeout=WITHIN)
+    try:
+        job = wait_for(f"job {name} Failed", failed, timeout=WITHIN)
+    except AssertionError:
+        print(kubectl("get", "pods,rlj,pg", "-n", ns, "-o", "wide").stdout)
+        print(kubectl("get", "pods", "-n", ns, "-o", "yaml").stdout[-6000:])
+        print(kubectl("get", "rlj", "-n", ns, "-o", "yaml").stdout[-4000:])
+        raise
     seconds = time.monotonic() - started
     print(f"{case}: Failed after {seconds:.1f}s: {condition_of(job, 'Failed')}")
     said = condition_of(job, "Failed")
@@ -78,9 +88,18 @@ def test_input_a_worker_refuses_fails_the_job_quoting_the_cause(
     assert said["status"] == "True"
     assert cause in said["message"]
     assert cause in (condition_of(job, "Ready") or {})["message"]
+    assert cause in job["status"]["lastFailure"]
     group = get(kubectl, ns, "pg", f"{name}-solver")
     assert cause in (condition_of(group, "Ready") or {})["message"]  # the group says it too
     assert group["status"]["phase"] == "Failed"
+
+    # The other policy's pods go too, and its health conditions say so, not "running".
+    def freed() -> bool:
+        group = get(kubectl, ns, "pg", f"{name}-verifier")
+        said = [condition_of(group, kind) or {} for kind in ("TrainerHealthy", "RolloutsReady")]
+        return all(c.get("status") == "False" and "no pods run" in c["message"] for c in said)
+
+    wait_for(f"{name}-verifier's conditions: no pods run", freed, timeout=10)
     assert any(
         cause in e["message"]
         for e in events(kubectl, ns, name) + events(kubectl, ns, f"{name}-solver")

@@ -67,7 +67,8 @@ def test_the_plan_is_deterministic() -> None:
 
 def test_multi_node_trainers_rendezvous_over_the_headless_service() -> None:
     trainer = for_group(plan.plan(job(), nats_url=URL), "math-solver")[1]
-    assert trainer.command[:2] == ["torchrun", "--nproc-per-node=4"]
+    # `polyrl worker trainer` checks the input without torch, then becomes torchrun.
+    assert trainer.command[:5] == ["polyrl", "worker", "trainer", "torchrun", "--nproc-per-node=4"]
     assert "--rdzv-endpoint=$(POLYRL_RDZV_ENDPOINT)" in trainer.command
     assert trainer.env["POLYRL_RDZV_ENDPOINT"] == "math-solver-trainer-0.math-solver-trainer:29400"
     assert trainer.env["POLYRL_NODE_RANK"] == "1"

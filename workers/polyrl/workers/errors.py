@@ -17,3 +17,7 @@ class StorageFull(Unavailable):
     """A stream or bucket is at its limit (`natsconfig`): the worker stops and says which and
     why, so that the job shows it in a condition instead of hanging; a later try may pass
     once a consumer catches up."""
+
+
+class Stopped(Exception):
+    """Asked to stop (SIGTERM) before it could start its work: not a failure."""

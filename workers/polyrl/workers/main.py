@@ -1,6 +1,8 @@
-"""`polyrl worker <role>`: the entry point of rollout and workflow pods (and local processes).
+"""`polyrl worker <role>`: the entry point of worker pods (and local processes).
 
-The trainer is started by torchrun instead (`-m polyrl.workers.trainer`). Everything comes
+Rollout and workflow workers run here. A trainer pod runs `polyrl worker trainer torchrun
+...`: its input is checked here, without torch, then torchrun takes over and runs
+`-m polyrl.workers.trainer` on every rank (`preflight.trainer_then`). Everything comes
 from the environment (see `runtime`); a bad environment exits 2 with a readable message,
 so a misconfigured pod fails fast and says why.
 """
@@ -12,12 +14,13 @@ import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from polyrl.workers import bundle, preflight, prompts, tasks
 from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.errors import ConfigError, Unavailable
+from polyrl.workers.errors import ConfigError, Stopped, Unavailable
 from polyrl.workers.runtime import Runtime, fail, load_config, torch_threads
 from polyrl.workers.workflow_runner import WorkflowRunner
 from polyrl.workers.workflows import Workflow
@@ -27,12 +30,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("polyrl.worker")
 EXIT_USAGE = 2
+T = TypeVar("T")
 
 
 async def build_rollout(
     rt: Runtime, *, device: str = "cpu", bundle_timeout: float = 300.0
 ) -> RolloutWorker:
-    """A rollout worker serving the policy's first published weights.
+    """A rollout worker serving the policy's first published weights (`Stopped` if it is
+    asked to stop before it has them).
 
     torch and transformers are imported here, not with the module: the workflow runner shares
     this entry point and needs neither, and on a machine running the whole job their import
@@ -51,8 +56,8 @@ async def build_rollout(
         raise ConfigError(f"policy {rt.config.policy!r} is not in the job's spec")
     scratch = Path(tempfile.mkdtemp(prefix="polyrl-model-"))
     try:
-        directory = await bundle.fetch(
-            rt.js, rt.names, policy.name, scratch, timeout=bundle_timeout
+        directory = await until_stopped(
+            rt, bundle.fetch(rt.js, rt.names, policy.name, scratch, timeout=bundle_timeout)
         )
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
         model = AutoModelForCausalLM.from_config(config, dtype=policy.model.dtype)  # type: ignore[no-untyped-call]
@@ -74,9 +79,24 @@ async def build_rollout(
         rt.js, rt.names, policy.name, store, malformed=rt.malformed_announcements(policy.name)
     )
     # Version 0 is announced right after the bundle; poll NATS for it (nothing to wait on).
-    while await weights.update(engine) is None and weights.version is None:  # noqa: ASYNC110
+    while await weights.update(engine) is None and weights.version is None:
+        if rt.stopping.is_set():
+            raise Stopped("stopped before the first weights were announced")
         await asyncio.sleep(0.5)
     return RolloutWorker(rt, engine, tokenizer, weights, model=facts)
+
+
+async def until_stopped(rt: Runtime, work: Coroutine[Any, Any, T]) -> T:
+    """`work`'s result; `Stopped` once the worker is asked to stop first (SIGTERM: a pod
+    deleted while it waits for its model ends at once, not at its grace period's end)."""
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(rt.stopping.wait())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise Stopped("stopped while waiting for the model bundle")
 
 
 def model_facts(directory: Path, config: Any, tokenizer: Any) -> ModelFacts:
@@ -122,11 +142,14 @@ async def serve(role: str) -> None:
     rt.install_signal_handlers()
     beat = asyncio.create_task(rt.heartbeat_forever())
     try:
+        worker: RolloutWorker | WorkflowRunner
         if loaded is not None:
-            worker: RolloutWorker | WorkflowRunner = build_workflow(rt, *loaded)
+            worker = build_workflow(rt, *loaded)
         else:
             worker = await build_rollout(rt)
         await worker.run()
+    except Stopped as err:
+        log.info("%s", err)
     finally:
         beat.cancel()
         await rt.close()
@@ -137,9 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if argv[:1] == ["trainer"]:
+        return preflight.trainer_then(argv[1:])
     if len(argv) != 1 or argv[0] not in ("rollout", "workflow"):
         print(
-            "usage: polyrl worker rollout|workflow (the trainer runs under torchrun)",
+            "usage: polyrl worker rollout|workflow|trainer <launcher> [args...]\n"
+            "  (trainer: checks the trainer's input, then runs the launcher: torchrun ...)",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -7,16 +7,23 @@ not a causal language model, or a trainer field that cannot take effect for its 
 (`roles.problems`) is a `ConfigError` naming the policy and the cause: the worker exits 2
 saying so (the operator fails the job, quoting it), `polyrl run` prints it and starts
 nothing.
+
+A trainer pod runs `polyrl worker trainer torchrun ...` (`trainer_then`): these checks (with
+`model_files`, which needs neither torch nor transformers) take seconds, where torchrun and
+its ranks would first import torch, which on a busy node takes minutes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 from polyrl.api.resources import PolicySpec, RLJobSpec
 from polyrl.workers import roles as policy_roles
-from polyrl.workers import tasks
+from polyrl.workers import sources, tasks
 from polyrl.workers.errors import ConfigError
 
 log = logging.getLogger("polyrl.preflight")
@@ -60,3 +67,52 @@ def job(spec: RLJobSpec) -> None:
     workflow_and_task(spec)
     for policy in spec.policies:
         policy_model(policy)
+
+
+# Model paths that name no local directory to look into before the trainer resolves them.
+_BUILT_OR_REMOTE = ("tiny-llama://", "tiny-bpe://", "hf://", "s3://", "gs://", "http")
+
+
+def model_files(policy: PolicySpec) -> None:
+    """What can be said of `policy`'s model without importing transformers: a local (or
+    `pvc://`) path exists, is a directory and holds a `config.json` naming a model type.
+    The trainer checks the rest (`policy_model`) once it has imported transformers."""
+    path = policy.model.path
+    if path.startswith(_BUILT_OR_REMOTE):
+        return
+    try:
+        directory = Path(sources.resolve(path))
+    except ValueError as err:
+        raise ConfigError(f"policy {policy.name!r}: {err}") from None
+    where = f"policy {policy.name!r}: model path {path!r}"
+    if not directory.exists():
+        raise ConfigError(f"{where} does not exist")
+    if not directory.is_dir():
+        raise ConfigError(f"{where} is not a directory")
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{where} holds no model config (config.json): {err}") from None
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise ConfigError(f"{where}: its config.json names no model_type")
+
+
+def trainer_then(argv: list[str]) -> int:
+    """`polyrl worker trainer <launcher> ...`: check the trainer's input (its policy, the
+    job's workflow and task, its model's files), then become `<launcher>` (torchrun), or
+    exit 2 saying what is wrong, as every worker does."""
+    from polyrl.workers import runtime  # nats and pydantic: no torch
+
+    if not argv:
+        print("usage: polyrl worker trainer <launcher> [args...]", file=sys.stderr)
+        return 2
+    try:
+        config, _ = runtime.load_config()
+        policy = config.spec.policy(config.policy or "")
+        if policy is None:
+            raise ConfigError(f"policy {config.policy!r} is not in the job's spec")
+        roles(config.spec)
+        model_files(policy)
+    except ConfigError as err:
+        return runtime.fail("polyrl trainer", err)
+    os.execvp(argv[0], argv)
