@@ -82,7 +82,11 @@ class OperatorProcess:
         self.starts = 0
 
     def env(self) -> dict[str, str]:
-        signing = {"POLYRL_NATS_SIGNING_SECRET": self.signing_secret} if self.signing_secret else {}
+        signing = (
+            {"POLYRL_NATS_SIGNING_SECRET": self.signing_secret}
+            if self.signing_secret
+            else {"POLYRL_NATS_INSECURE": "true"}
+        )
         return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),

@@ -8,6 +8,7 @@ import base64
 import copy
 import logging
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +338,38 @@ class StopAfter:
     def __bool__(self) -> bool:
         self.left -= 1
         return self.left < 0
+
+    def wait(self, timeout: float) -> Any:
+        return asyncio.sleep(timeout)
+
+
+async def test_a_sleeping_reconcile_loop_ends_as_soon_as_kopf_stops_it() -> None:
+    """Within kopf's cancellation timeout (5 s), so a normal delete logs no warning that the
+    daemon was cancelled."""
+    from types import SimpleNamespace
+
+    from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+
+    from polyrl.operator import main
+    from polyrl.operator.context import Wakers
+
+    setter: FlagSetter[Any] = FlagSetter()
+    ctx = SimpleNamespace(wakers=Wakers(), settings=SimpleNamespace(status_interval=30.0))
+    passes: list[float] = []
+
+    async def step() -> None:
+        passes.append(time.monotonic())
+
+    logger = logging.getLogger("test-loop")
+    loop = asyncio.create_task(
+        main._loop(ctx, "job", "ns", "j", AsyncFlagWaiter(setter), logger, step)  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(0.2)
+    stopped_at = time.monotonic()
+    setter.set()
+    await asyncio.wait_for(loop, timeout=2)
+    assert len(passes) == 1  # it slept after its pass, then ended instead of passing again
+    assert time.monotonic() - stopped_at < 1
 
 
 async def test_a_reconcile_pass_that_raises_is_counted_logged_and_retried() -> None:

@@ -99,6 +99,7 @@ class ConditionType(enum.StrEnum):
     TRAINER_HEALTHY = "TrainerHealthy"  # a PolicyGroup with the trainer: trains or finished
     ROLLOUTS_READY = "RolloutsReady"  # a PolicyGroup: its rollout pods can run
     NATS_READY = "NatsReady"  # an RLJob: its NATS streams and buckets exist
+    NATS_ISOLATED = "NatsIsolated"  # an RLJob: each role has a NATS user of its own
     STOPPED = "Stopped"  # an RLJob that ended, either way
     COMPLETE = "Complete"  # an RLJob that succeeded
     FAILED = "Failed"  # an RLJob that failed

@@ -36,6 +36,9 @@ L_DRAINING = f"{LABEL_PREFIX}/draining"
 L_MANAGED_BY = "app.kubernetes.io/managed-by"
 A_DRAIN_STARTED = f"{LABEL_PREFIX}/drain-started"
 A_SPEC_HASH = f"{LABEL_PREFIX}/spec-hash"
+# On an RLJob without spec.nats.url: the operator's NATS when the job first ran. The job
+# stays on it when the operator's default changes (its streams, buckets and pods are there).
+A_NATS_URL = f"{LABEL_PREFIX}/nats-url"
 
 
 def policy_group(job: str, policy: str) -> str:

@@ -64,7 +64,9 @@ class PolicyStatus(_Flow):
     desired_rollouts: int = Field(
         0, ge=0, description="Desired rollout pods over all PolicyGroups."
     )
-    trainer_ready: bool = Field(False, description="Every trainer pod is running.")
+    trainer_ready: bool = Field(
+        False, description="Every trainer pod is Ready (training), or the trainer finished."
+    )
     completed: bool = Field(False, description="The trainer finished its last step.")
     output: str | None = Field(
         None,
@@ -128,8 +130,15 @@ class PolicyGroupStatus(_Lifecycle, _Flow):
         description="Label selector of the active rollout pods (for the scale subresource and HPAs).",
     )
     trainer_pods: int = Field(0, ge=0, description="Running trainer pods.")
+    trainer_ready_pods: int = Field(
+        0,
+        ge=0,
+        description="Ready trainer pods: training (rank 0 said so in a heartbeat; the gang's other pods follow it).",
+    )
     trainer_restarts: int = Field(
-        0, ge=0, description="Times the trainer was restarted after a failure."
+        0,
+        ge=0,
+        description="Times the trainer gang was restarted: after a failed pod, or a pod that went away (deleted, evicted); bounded by trainer.restartLimit.",
     )
     trainer_completed: bool = Field(
         False, description="The trainer finished its last step; it is not started again."

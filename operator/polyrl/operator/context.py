@@ -88,3 +88,4 @@ class Context:
     wakers: Wakers
     drain_requested: set[tuple[str, str]] = field(default_factory=set)
     claims: set[tuple[str, str, str]] = field(default_factory=set)  # (ns, claim, job uid) made
+    noted: set[tuple[str, str, str]] = field(default_factory=set)  # (ns, job, url) said kept

@@ -44,6 +44,7 @@ from polyrl.operator.context import Context
 from polyrl.operator.podinfo import PodInfo
 
 log = logging.getLogger("polyrl.operator.groups")
+FINISHED = "the trainer finished its last step"
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Pass(report.Recorder):
     leaving: set[str] = field(default_factory=set)  # pods drained or deleted this pass
     created: int = 0
     blocked: bool = False  # this pass found the group unable to run (reason in Ready)
+    idle: bool = False  # ... and runs no pods at all (`_idle`: every condition says why)
     has_service: bool = False  # the trainer's headless Service exists (from the index)
 
     @property
@@ -122,16 +124,9 @@ async def _run(p: Pass, job_body: Mapping[str, Any] | None) -> None:
         return
     job_phase = Phase(p.job.status.phase)
     if p.job.spec.suspend or job_phase.is_terminal():
-        await _delete_all(p, p.pods)
-        p.blocked = True
-        p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
-        p.status.phase = Phase.SUSPENDED if p.job.spec.suspend else job_phase
-        p.condition(
-            ConditionType.READY,
-            False,
-            "Suspended" if p.job.spec.suspend else job_phase.value,
-            "the job is suspended" if p.job.spec.suspend else _ended(p.job),
-        )
+        reason = "Suspended" if p.job.spec.suspend else job_phase.value
+        why = "the job is suspended" if p.job.spec.suspend else _ended(p.job)
+        await _idle(p, Phase.SUSPENDED if p.job.spec.suspend else job_phase, reason, why)
         return
     launches = plan.group_launches(
         p.job,
@@ -151,10 +146,22 @@ def _ended(job: RLJob) -> str:
 
 
 async def _idle(p: Pass, phase: Phase, reason: str, message: str) -> None:
-    """The group cannot run: no pods, and Ready False saying why."""
+    """The group runs no pods (it cannot, or its job is suspended or over): Ready False
+    saying why, and its health conditions say that its pods are gone; a failure the group
+    recorded itself stays in WorkersHealthy."""
+    failed_itself = p.group.status.phase == Phase.FAILED
     p.condition(ConditionType.READY, False, reason, message)
-    p.status.phase, p.blocked = phase, True
-    p.status.replicas = p.status.ready_replicas = p.status.trainer_pods = 0
+    gone = f"{message}; no pods run"
+    if p.status.trainer_completed:  # it did all it had to: healthy, and gone
+        p.condition(ConditionType.TRAINER_HEALTHY, True, "Completed", f"{FINISHED}; no pods run")
+    elif p.group.spec.trainer is not None:
+        p.condition(ConditionType.TRAINER_HEALTHY, False, reason, gone)
+    p.condition(ConditionType.ROLLOUTS_READY, False, reason, gone)
+    if not failed_itself:
+        p.condition(ConditionType.WORKERS_HEALTHY, False, reason, gone)
+    p.status.phase, p.blocked, p.idle = phase, True, True
+    p.status.replicas = p.status.ready_replicas = 0
+    p.status.trainer_pods = p.status.trainer_ready_pods = 0
     p.status.selector = naming.active_rollout_selector(p.name)
     await _delete_all(p, p.pods)
 
@@ -237,28 +244,85 @@ async def _trainer(p: Pass, policy: PolicySpec, launches: list[WorkerLaunch]) ->
         p.status.trainer_completed = True
     if p.status.trainer_completed:
         pass  # finished: never started again, its pods left as they are until the job ends
-    elif any(x.deleting for x in pods):
-        pass  # a gang restart or update is under way: wait until the old pods are gone
     elif failed:
         await _restart_trainer(p, pods, failed, trainer.restart_limit)
-    elif any(x.spec_hash != _hash(rendered.get(x.name)) for x in pods if not x.deleting):
+    elif lost := _lost_trainer_pods(p, pods, len(launches)):
+        await _replace_lost_trainer(p, pods, lost, trainer.restart_limit)
+    elif any(x.deleting for x in pods):
+        pass  # a gang restart or update is under way: wait until the old pods are gone
+    elif any(x.spec_hash != _hash(rendered.get(x.name)) for x in pods):
         await _delete_all(p, pods)
-        p.event("Normal", "TrainerUpdated", "trainer spec changed; restarting the trainer pods")
+        why = "trainer spec changed; restarting the trainer pods"
+        p.condition(ConditionType.TRAINER_HEALTHY, False, "Updating", why)
+        p.event("Normal", "TrainerUpdated", why)
     elif scaling.backoff_over(p.status.last_failure_time, p.status.trainer_restarts):
         await _create_missing(p, rendered, {x.name for x in pods})
-    running = [x for x in pods if x.phase == "Running" and not x.deleting]
-    p.status.trainer_pods = len(running)
+    _trainer_status(p, pods, len(launches), failed=bool(failed))
+
+
+def _lost_trainer_pods(p: Pass, pods: list[PodInfo], wanted: int) -> list[str]:
+    """Trainer pods that were running at the last pass and are now gone or going, though
+    the operator did not delete them (a `kubectl delete pod`, an eviction, a lost node)."""
+    if not p.group.status.trainer_pods:
+        return []  # nothing was running (or the operator itself took it down last pass)
+    going = [x.name for x in pods if x.deleting]
+    missing = wanted - len(pods)
+    return going + (["(gone)"] * missing if missing > 0 else [])
+
+
+async def _replace_lost_trainer(p: Pass, pods: list[PodInfo], lost: list[str], limit: int) -> None:
+    """A lost trainer pod restarts the gang from its checkpoint, counted like a failure."""
+    names = ", ".join(x for x in lost if x != "(gone)") or "a trainer pod"
+    await _delete_all(p, pods)
+    if p.status.trainer_restarts >= limit:
+        p.status.phase = Phase.FAILED
+        message = f"trainer pod {names} was lost after {limit} restarts"
+        p.condition(ConditionType.TRAINER_HEALTHY, False, "RestartLimitExceeded", message)
+        p.condition(ConditionType.WORKERS_HEALTHY, False, "RestartLimitExceeded", message)
+        p.event("Warning", "TrainerFailed", message)
+        return
+    p.status.trainer_restarts += 1
+    message = (
+        f"trainer pod {names} went away (deleted or evicted); restarting the trainer from its "
+        f"checkpoint (restart {p.status.trainer_restarts}/{limit})"
+    )
+    p.condition(ConditionType.TRAINER_HEALTHY, False, "Restarting", message)
+    p.event("Warning", "TrainerRestarted", message)
+
+
+def _trainer_status(p: Pass, pods: list[PodInfo], wanted: int, *, failed: bool) -> None:
+    """TrainerHealthy and the trainer's pod counts. Running pods are healthy; Ready ones
+    train (rank 0 said so in a heartbeat; the others follow it)."""
+    running = [
+        x for x in pods if x.phase == "Running" and not x.deleting and x.name not in p.leaving
+    ]
+    ready = [x for x in running if x.ready]
+    p.status.trainer_pods, p.status.trainer_ready_pods = len(running), len(ready)
     if p.status.trainer_completed:
-        p.condition(
-            ConditionType.TRAINER_HEALTHY, True, "Completed", "the trainer finished its last step"
-        )
-    elif p.status.phase != Phase.FAILED and not failed:
-        healthy = len(running) == len(launches)
+        p.condition(ConditionType.TRAINER_HEALTHY, True, "Completed", FINISHED)
+    elif p.status.phase == Phase.FAILED or failed or p.leaving & {x.name for x in pods}:
+        return  # said where it failed, or is restarting
+    elif len(running) < wanted:
         p.condition(
             ConditionType.TRAINER_HEALTHY,
-            healthy,
-            "Running" if healthy else "Starting",
-            f"{len(running)}/{len(launches)} trainer pods running",
+            False,
+            "Starting",
+            f"{len(running)}/{wanted} trainer pods running",
+        )
+    elif len(ready) < wanted:
+        p.condition(
+            ConditionType.TRAINER_HEALTHY,
+            True,
+            "Preparing",
+            f"{wanted}/{wanted} trainer pods running, {len(ready)} ready: loading the model, "
+            "warming up or evaluating before its first RL step",
+        )
+    else:
+        p.condition(
+            ConditionType.TRAINER_HEALTHY,
+            True,
+            "Running",
+            f"{wanted}/{wanted} trainer pods running and training",
         )
 
 
@@ -488,16 +552,18 @@ def ok_to_reset(p: Pass) -> bool:
 
 
 def _heartbeats(p: Pass) -> list[Heartbeat]:
-    """This group's workers' latest heartbeats (kept after their keys expire)."""
+    """The latest heartbeats of this group's pods that exist (the operator's mirror keeps
+    a heartbeat after its key expires: a pod scaled away must not speak for the group)."""
     if p.job is None:
         return []
     channel = p.ctx.hub.channel(p.namespace, p.job.metadata.name)
     if channel is None:
         return []
+    here = {x.name for x in p.pods if not x.deleting}
     return [
         hb
         for hb in channel.heartbeats.values()
-        if hb.policy == p.group.spec.policy and hb.pod.startswith(f"{p.name}-")
+        if hb.policy == p.group.spec.policy and hb.pod in here
     ]
 
 
@@ -509,8 +575,10 @@ def _has_served(p: Pass, pod: str) -> bool:
 
 def _heartbeat_figures(p: Pass) -> None:
     mine = _heartbeats(p)
-    versions = [hb.weight_version for hb in mine if hb.role == Role.ROLLOUT.value]
-    if versions:
+    running = {x.name for x in p.pods if x.role == Role.ROLLOUT.value and x.active}
+    running -= p.leaving
+    serving = [hb for hb in mine if hb.role == Role.ROLLOUT.value and hb.pod in running]
+    if versions := [hb.weight_version for hb in serving if WorkerState(hb.state).is_ready()]:
         p.status.weight_version = min(versions)
     trainers = [hb for hb in mine if hb.role == Role.TRAINER.value]
     done = [hb.weight_version for hb in trainers if hb.state == WorkerState.DONE]
@@ -524,7 +592,6 @@ def _heartbeat_figures(p: Pass) -> None:
         p.status.held_out = round(held[0], 4) if held else p.status.held_out
         paces = [hb.step_seconds for hb in trainers if hb.step_seconds]
         p.status.step_seconds = round(paces[0], 3) if paces else p.status.step_seconds
-    running = {x.name for x in p.pods if x.role == Role.ROLLOUT.value and x.active}
     for key, value in flow.group_figures(mine, running).items():
         setattr(p.status, key, value)
     _progress(p)
@@ -543,24 +610,37 @@ def _progress(p: Pass) -> None:
 
 
 def _phase_and_ready(p: Pass) -> None:
+    """Ready: the trainer trains and the rollouts serve. The phase turns Running once the
+    group first serves and stays Running while it scales or replaces a pod; Ready says what
+    is degraded meanwhile."""
+    if p.idle:
+        return  # `_idle` said why, in every condition
     _workers_healthy(p)
     if p.blocked or p.status.phase == Phase.FAILED:
         return
     trainer = find_condition(p.status.conditions, ConditionType.TRAINER_HEALTHY)
     rollouts = find_condition(p.status.conditions, ConditionType.ROLLOUTS_READY)
-    trainer_ok = trainer is None or trainer.status == ConditionStatus.TRUE
     rollouts_ok = rollouts is not None and rollouts.status == ConditionStatus.TRUE
-    running = trainer_ok and (p.status.ready_replicas > 0 or p.group.spec.rollout.replicas == 0)
-    p.status.phase = Phase.RUNNING if running and not p.status.last_failure else Phase.PENDING
+    trainer_ok = p.group.spec.trainer is None or (
+        trainer is not None and trainer.reason in ("Running", "Completed")
+    )
+    serving = p.status.ready_replicas > 0 or p.group.spec.rollout.replicas == 0
+    started = p.group.status.phase == Phase.RUNNING
+    p.status.phase = Phase.RUNNING if started or (trainer_ok and serving) else Phase.PENDING
     ok = trainer_ok and rollouts_ok
     if p.status.last_failure and not ok:
         p.condition(ConditionType.READY, False, "WorkerFailed", p.status.last_failure)
         return
+    degraded = [
+        c.message for c in (trainer, rollouts) if c is not None and c.status != ConditionStatus.TRUE
+    ]
+    if not trainer_ok and trainer is not None and trainer.status == ConditionStatus.TRUE:
+        degraded.insert(0, trainer.message)
     p.condition(
         ConditionType.READY,
         ok,
-        "Ready" if ok else "NotReady",
-        "trainer and rollouts are ready" if ok else "waiting for pods",
+        "Ready" if ok else ("Degraded" if started else "NotReady"),
+        "the trainer trains and the rollouts serve" if ok else "; ".join(degraded),
     )
 
 

@@ -40,6 +40,16 @@ from polyrl.operator.podinfo import PodInfo
 
 log = logging.getLogger("polyrl.operator.jobs")
 JOB_REPLICAS = f"{naming.LABEL_PREFIX}/job-replicas"
+SHARED_NATS = (
+    "the operator signs no NATS users (it runs with nats.insecure): this job's pods share "
+    "NATS credentials, or none, so every pod that can reach the NATS server can read and "
+    "write every job's data (docs/security.md)"
+)
+ISOLATED = (
+    "each role of this job has a NATS user of its own, allowed only this job's subjects it needs"
+)
+# A group's WorkersHealthy reasons that are failures (others say the job is over or paused).
+FAILURE_REASONS = ("WorkerFailed", "InvalidInput", "RestartLimitExceeded")
 
 
 @dataclass
@@ -81,14 +91,36 @@ async def reconcile(
     if Phase(job.status.phase).is_terminal():
         await _free(p, pods)
     else:
+        await _pin_nats(p)
         await _nats(p)
         await _claims(p)
         await _groups(p, groups)
         await _workflow(p, pods)
-    _status(p, groups)
+    _status(p, groups, pods)
     await _finish(p)
     metrics.RECONCILE_SECONDS.labels(kind="rljob").observe(time.monotonic() - started)
     metrics.RECONCILES.labels(kind="rljob").inc()
+
+
+async def _pin_nats(p: JobPass) -> None:
+    """A job that names no NATS keeps the operator's as it was when the job first ran: its
+    streams and pods are there. A changed default is said once per job and operator."""
+    meta, default = p.job.metadata, p.ctx.settings.nats_url
+    pinned = meta.annotations.get(naming.A_NATS_URL)
+    if p.job.spec.nats.url:
+        return
+    if pinned is None:
+        patch = {"metadata": {"annotations": {naming.A_NATS_URL: default}}}
+        await p.ctx.kube.patch_custom("rljobs", p.ns, p.name, patch)
+        meta.annotations[naming.A_NATS_URL] = default
+    elif pinned != default and (p.ns, p.name, pinned) not in p.ctx.noted:
+        p.ctx.noted.add((p.ns, p.name, pinned))
+        p.event(
+            "Normal",
+            "NatsKept",
+            f"this job stays on the NATS it started on ({pinned}); the operator's default is "
+            f"now {default}, which new jobs use (docs/operator.md, 'Moving NATS')",
+        )
 
 
 async def _nats(p: JobPass) -> None:
@@ -109,10 +141,14 @@ async def _nats(p: JobPass) -> None:
 
 async def _users(p: JobPass) -> None:
     """Each role's own NATS user, where the operator has a signing key (natsusers), renewed
-    before it expires."""
+    before it expires. Without one (the operator's explicit opt-in, `nats_insecure`) the job
+    says, in a condition and an event, that its data is open to every pod."""
     signer = await p.ctx.hub.signer()
     if signer is None:
+        if _set(p, ConditionType.NATS_ISOLATED, False, "SharedNats", SHARED_NATS):
+            p.event("Warning", "NatsNotIsolated", SHARED_NATS)
         return
+    _set(p, ConditionType.NATS_ISOLATED, True, "SignedUsers", ISOLATED)
     done = await natsusers.ensure(p.ctx.kube, p.job, signer, ttl=p.ctx.settings.nats_user_ttl)
     if done is None:
         return
@@ -265,10 +301,12 @@ def _policy_status(
     job: RLJob, policy: PolicySpec, groups: Sequence[PolicyGroup], owned: PolicyGroup | None
 ) -> PolicyStatus:
     mine = [g for g in groups if g.spec.policy == policy.name]
-    trainer_ready = owned is not None and any(
-        c.type == ConditionType.TRAINER_HEALTHY and c.status == ConditionStatus.TRUE
-        for c in owned.status.conditions
+    trainer = (
+        find_condition(owned.status.conditions, ConditionType.TRAINER_HEALTHY) if owned else None
     )
+    # Ready means training (its pods said so), or done; a trainer still loading, warming up
+    # or evaluating is healthy but not ready.
+    trainer_ready = trainer is not None and trainer.reason in ("Running", "Completed")
     # Groups without a ready rollout would drag the figure to 0; once none is ready (the job
     # ended), the job's own group says what it last served, or the trainer's final version.
     ready = [g.status.weight_version for g in mine if g.status.ready_replicas > 0]
@@ -291,7 +329,7 @@ def _policy_status(
     )
 
 
-def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]]) -> None:
+def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]], pods: Sequence[PodInfo]) -> None:
     groups = [
         PolicyGroup.model_validate(
             {
@@ -316,7 +354,9 @@ def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]]) -> None:
     p.status.rollouts = (
         f"{sum(x.ready_rollouts for x in policies)}/{sum(x.desired_rollouts for x in policies)}"
     )
-    _phase(p, groups, all_ready=len(ready) == len(policies))
+    runners = [x for x in pods if x.role == "workflow" and not x.deleting]
+    runners_ready = len([x for x in runners if x.ready]) >= p.job.spec.workflow.replicas
+    _phase(p, groups, ready=len(ready) == len(policies), runners_ready=runners_ready)
 
 
 def _progress(p: JobPass, groups: Mapping[str, PolicyGroup]) -> None:
@@ -342,16 +382,22 @@ def _progress(p: JobPass, groups: Mapping[str, PolicyGroup]) -> None:
         p.status.eta = progress.duration(max(known))
 
 
-def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> None:
+def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, ready: bool, runners_ready: bool) -> None:
+    """Pending until every policy trains and serves and the workflow runners run episodes
+    (each said so in a heartbeat: the pods' readiness); Running from then on, while pods
+    are scaled or replaced (Ready then says what is degraded), until the job ends."""
     phase = Phase(p.status.phase)
     unhealthy = _workers_healthy(p, groups)
     if phase.is_terminal():
         return
     failed = [g for g in groups if g.status.phase == Phase.FAILED and g.spec.trainer is not None]
+    all_ready = ready and runners_ready
+    started = phase == Phase.RUNNING or (phase == Phase.PENDING and all_ready)
     if failed:
         causes = "; ".join(
             f"{g.metadata.name}: {g.status.last_failure or 'failed'}" for g in failed
         )
+        p.status.last_failure = causes
         _end(p, Phase.FAILED, "PolicyFailed", f"policy group(s) failed: {causes}")
     elif _stop_reached(p):
         _end(p, Phase.SUCCEEDED, "StopReached", _stop_message(p))
@@ -361,26 +407,45 @@ def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, all_ready: bool) -> Non
             ConditionType.READY, False, "Suspended", "spec.suspend is true; all pods are freed"
         )
     elif unhealthy is not None:
-        p.status.phase = Phase.PENDING  # not Running while its workers keep failing
+        p.status.phase = Phase.RUNNING if phase == Phase.RUNNING else Phase.PENDING
         p.condition(ConditionType.READY, False, "WorkerFailed", unhealthy)
     else:
-        p.status.phase = Phase.RUNNING if all_ready else Phase.PENDING
+        p.status.phase = Phase.RUNNING if started else Phase.PENDING
         p.status.start_time = p.status.start_time or (now_rfc3339() if all_ready else None)
         p.condition(
             ConditionType.READY,
             all_ready,
-            "Ready" if all_ready else "NotReady",
-            f"{p.status.policies_ready} policies ready",
+            "Ready" if all_ready else ("Degraded" if started else "NotReady"),
+            _readiness(p, ready=ready, runners_ready=runners_ready),
         )
+
+
+def _readiness(p: JobPass, *, ready: bool, runners_ready: bool) -> str:
+    """What Ready says: the policies ready, and what is not yet (or no longer)."""
+    waiting = [w for x in p.status.policies if (w := _waiting_for(x))]
+    if not runners_ready:
+        waiting.append("workflow runners not running episodes yet")
+    said = f"{p.status.policies_ready} policies ready"
+    return f"{said} ({'; '.join(waiting)})" if waiting else said
+
+
+def _waiting_for(policy: PolicyStatus) -> str | None:
+    parts = [] if policy.trainer_ready else ["trainer not training yet"]
+    if policy.ready_rollouts < policy.desired_rollouts:
+        parts.append(f"{policy.ready_rollouts}/{policy.desired_rollouts} rollouts serving")
+    return f"{policy.name}: {', '.join(parts)}" if parts else None
 
 
 def _workers_healthy(p: JobPass, groups: Sequence[PolicyGroup]) -> str | None:
     """WorkersHealthy on the job: its workflow runners' and its groups' together. Returns
-    why it is False, or None."""
+    why it is False, or None. An ended job keeps what it said when it ended."""
+    if Phase(p.status.phase).is_terminal():
+        return None
     causes = [p.status.last_failure] if p.status.last_failure else []
     for group in groups:
         cond = find_condition(group.status.conditions, ConditionType.WORKERS_HEALTHY)
-        if cond is not None and cond.status == ConditionStatus.FALSE:
+        failing = cond is not None and cond.reason in FAILURE_REASONS
+        if failing and cond is not None and cond.status == ConditionStatus.FALSE:
             causes.append(f"{group.metadata.name}: {cond.message}")
     if not causes:
         p.condition(ConditionType.WORKERS_HEALTHY, True, "Healthy", "no worker pod failed lately")
@@ -435,6 +500,8 @@ def _end(p: JobPass, phase: Phase, reason: str, message: str) -> None:
         reason,
         message,
     )
+    if phase == Phase.SUCCEEDED:  # a failure keeps its cause in WorkersHealthy
+        p.condition(ConditionType.WORKERS_HEALTHY, False, reason, f"{message}; no pods run")
     p.event(
         "Normal" if phase == Phase.SUCCEEDED else "Warning",
         reason,

@@ -9,7 +9,6 @@ delete handler is the finalizer that removes the job's NATS streams, bounded in 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -111,9 +110,19 @@ def _first(index: kopf.Index[Any, Any], key: Any) -> Any:
 async def _sleep(
     ctx: Context, kind: str, namespace: str, name: str, stopped: kopf.DaemonStopped
 ) -> None:
+    """Until woken, the resync is due, or kopf stops the daemon (the object was deleted, or
+    the operator stops): a daemon that sleeps through its stop is cancelled by kopf, with a
+    warning on every normal delete."""
     event = ctx.wakers.event(kind, namespace, name)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout=ctx.settings.status_interval)
+    interval = ctx.settings.status_interval
+
+    async def stopping() -> None:
+        await stopped.wait(interval)
+
+    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopping())]
+    await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in waits:
+        waiting.cancel()
     event.clear()
     await asyncio.sleep(0.02)  # let a burst of watch events land in the indices
 

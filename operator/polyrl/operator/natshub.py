@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from polyrl.api import access, natsconfig, natsjwt, natstls
 from polyrl.api.messages import DrainAck, Drained, DrainRequest, Heartbeat
-from polyrl.api.naming import JobNames
+from polyrl.api.naming import A_NATS_URL, JobNames
 from polyrl.api.resources import RLJob
 from polyrl.operator import natsusers
 from polyrl.operator.kube import Kube
@@ -105,11 +105,19 @@ class NatsHub:
                 self._signer = natsusers.signer_from(data, where)
             except (ApiException, natsusers.SigningKeyInvalid) as err:
                 reason = f"HTTP {err.status}" if isinstance(err, ApiException) else str(err)
+                if isinstance(err, ApiException) and err.status == 404:
+                    reason = (
+                        "no such Secret; make it with `polyrl nats-trust DIR` and `kubectl "
+                        "apply -f DIR/signing-secret.yaml`"
+                    )
                 raise NatsUnavailable(f"cannot sign NATS users with {where}: {reason}") from None
         return self._signer
 
     def url_of(self, job: RLJob) -> str:
-        return job.spec.nats.url or self.settings.nats_url
+        """The job's own NATS, else the one it started on (`naming.A_NATS_URL`), else the
+        operator's: changing the operator's default moves new jobs only."""
+        pinned = job.metadata.annotations.get(A_NATS_URL)
+        return job.spec.nats.url or pinned or self.settings.nats_url
 
     def _secret_of(self, job: RLJob) -> tuple[str | None, str]:
         if job.spec.nats.credentials_secret:

@@ -20,6 +20,7 @@ import time
 from prometheus_client import start_http_server
 
 EXIT_STALE_CRDS = 3
+EXIT_INSECURE = 2  # neither a signing Secret nor an explicit opt-in to shared NATS
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kopf._core.engines.peering").setLevel(logging.INFO)
     import kopf
 
-    from polyrl.operator import crdcheck, kube
+    from polyrl.operator import crdcheck, kube, settings
     from polyrl.operator import main as handlers
 
+    if refused := settings.problems(settings.OperatorSettings.from_env()):
+        for why in refused:
+            print(f"polyrl operator: {why}", file=sys.stderr)
+        return EXIT_INSECURE
     api = kube.load_client()
     problems = crdcheck.mismatches(api)
     if problems:

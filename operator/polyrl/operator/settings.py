@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from polyrl.api.plan import DEFAULT_ENTRYPOINTS, Entrypoints
 
+TRUE = ("1", "true", "yes", "on")
+
 
 @dataclass(frozen=True, slots=True)
 class OperatorSettings:
@@ -19,6 +21,11 @@ class OperatorSettings:
     """Secret (in the operator's namespace) with the NATS account's public key (`account`)
     and one of its signing keys' seed (`seed`): with it, every job's pods get users of
     their own (`polyrl.operator.natsusers`) and the operator signs its own (POLYRL_NATS_SIGNING_SECRET)."""
+    nats_insecure: bool = False
+    """Run jobs without per-role users (POLYRL_NATS_INSECURE, chart nats.insecure): their
+    pods share the operator's credentials, or none, and every pod that reaches NATS can read
+    and write every job's data. An explicit opt-in: without it and without a signing Secret
+    the operator refuses to start (`problems`)."""
     nats_user_ttl: float = 24 * 3600.0
     """Seconds a job's signed users are valid (POLYRL_NATS_USER_TTL): the operator re-signs
     them while the job lives once less than half is left, so a copy of a deleted job's creds
@@ -52,6 +59,7 @@ class OperatorSettings:
             nats_url=env.get("POLYRL_NATS_URL", d.nats_url),
             nats_credentials_secret=env.get("POLYRL_NATS_CREDENTIALS_SECRET") or None,
             nats_signing_secret=env.get("POLYRL_NATS_SIGNING_SECRET") or None,
+            nats_insecure=env.get("POLYRL_NATS_INSECURE", "").strip().lower() in TRUE,
             nats_user_ttl=_positive(env, "POLYRL_NATS_USER_TTL", d.nats_user_ttl),
             namespace=env.get("POLYRL_NAMESPACE", d.namespace),
             entrypoints=Entrypoints(
@@ -68,6 +76,18 @@ class OperatorSettings:
             nats_timeout=float(env.get("POLYRL_NATS_TIMEOUT", d.nats_timeout)),
             cleanup_timeout=float(env.get("POLYRL_CLEANUP_TIMEOUT", d.cleanup_timeout)),
         )
+
+
+def problems(settings: OperatorSettings) -> list[str]:
+    """Why the operator must not start with `settings` (empty: it may)."""
+    if settings.nats_signing_secret or settings.nats_insecure:
+        return []
+    return [
+        "no NATS signing Secret (POLYRL_NATS_SIGNING_SECRET, chart nats.signingSecret): jobs "
+        "would share one NATS login, and every pod could read and write every job's data. "
+        "Make one with `polyrl nats-trust DIR` and `kubectl apply -f DIR/signing-secret.yaml`, "
+        "or opt in to shared NATS with POLYRL_NATS_INSECURE=true (chart nats.insecure=true)"
+    ]
 
 
 def _positive(env: dict[str, str], name: str, default: float) -> float:

@@ -107,6 +107,9 @@ def test_a_job_whose_trainers_finish_succeeds_with_its_final_figures_and_frees_i
         pg = get(kubectl, ns, "pg", group)
         healthy = next(c for c in pg["status"]["conditions"] if c["type"] == "TrainerHealthy")
         assert (healthy["status"], healthy["reason"]) == ("True", "Completed")  # not "Starting"
+        rollouts = next(c for c in pg["status"]["conditions"] if c["type"] == "RolloutsReady")
+        assert (rollouts["status"], rollouts["reason"]) == ("False", "Succeeded")
+        assert "no pods run" in rollouts["message"]  # not "1/1 rollout pods ready"
         assert pg["status"]["weightVersion"] == pg["status"]["step"]  # the fake's version
     wait_for(
         "every pod freed", lambda: not live(pods(kubectl, ns, "polyrl.dev/job=finish")), timeout=60

@@ -65,7 +65,8 @@ def test_applying_the_example_creates_groups_pods_service_and_streams(
             True,
         )
     trainer = get(kubectl, ns, "pod", f"{job}-solver-trainer-0")
-    assert trainer["spec"]["containers"][0]["command"][0] == "torchrun"
+    command = trainer["spec"]["containers"][0]["command"]
+    assert command[command.index("trainer") + 1] == "torchrun"  # `<worker> trainer torchrun`
     assert trainer["spec"]["subdomain"] == f"{job}-solver-trainer"
     # the delta encoder's snapshots live in shared memory: a container's own is 64 MiB
     mounts = {m["mountPath"]: m["name"] for m in trainer["spec"]["containers"][0]["volumeMounts"]}

@@ -9,6 +9,7 @@ published twice (docs/dataplane.md, "Checkpoint and resume").
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+log = logging.getLogger("polyrl.trainer")
 STATE = "trainer.json"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
@@ -101,4 +103,8 @@ def resume(
     model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
     optimizer.load_state_dict(torch.load(directory / OPTIMIZER, weights_only=True))
     state.epoch += 1
+    log.info(
+        "resumed from checkpoint: step %d, epoch %d (weight version %d) in %s",
+        state.step, state.epoch, state.version, directory,
+    )  # fmt: skip
     return state

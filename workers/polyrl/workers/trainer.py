@@ -52,6 +52,7 @@ from polyrl.workers import (
     retention,
     roles,
     warmstart,
+    worker_metrics,
 )
 from polyrl.workers import model as models
 from polyrl.workers.deltas import announce
@@ -212,6 +213,11 @@ class Leader:
         if evaluator is None or every == 0 or self.trainer.state.step % every:
             return {}
         figures = evaluator.evaluate(self.scorer)
+        log.info(  # on a cluster, where no metrics.jsonl is written, the log has them
+            "held-out at step %d: %s",
+            self.trainer.state.step,
+            ", ".join(f"{k} {v:.4g}" for k, v in sorted(figures.items())),
+        )
         held_out = figures.get(evaluator.headline)
         if held_out is not None:
             figures["held_out"] = held_out
@@ -318,7 +324,7 @@ async def run(rt: Runtime, trainer: Trainer, role: roles.PolicyRole) -> None:
 
 async def _train(rt: Runtime, trainer: Trainer, leader: Leader) -> None:
     sub = await leader.start()
-    rt.state = WorkerState.TRAINING
+    await rt.enter(WorkerState.TRAINING)
     spec, state = rt.config.spec, trainer.state
     if state.step == 0 and state.epoch == 0:
         # A checkpoint where RL starts: a trainer lost before its first periodic one resumes
@@ -402,6 +408,7 @@ async def serve(config: WorkerConfig, pod: str) -> None:
         log.info("rank %d of %d (%s)", rank, world, dist.get_backend())
     if rank != 0:
         trainer.sync_from_leader()
+        _serve_follower_readiness(config)
         await asyncio.to_thread(ranks.follow, trainer.step)
         log.info(await asyncio.to_thread(ranks.agree, trainer.state.step, trainer.model))
         return
@@ -417,6 +424,13 @@ async def serve(config: WorkerConfig, pod: str) -> None:
         beat.cancel()
         await rt.close()
         log.info("disconnected")
+
+
+def _serve_follower_readiness(config: WorkerConfig) -> None:
+    """A gang's other pods (their local rank 0) are Ready once they follow rank 0, which
+    alone heartbeats: their port answers the readiness probe (and serves no figures)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        worker_metrics.from_env(str(config.role), config.policy or "", ready=lambda: None)
 
 
 def main() -> int:
