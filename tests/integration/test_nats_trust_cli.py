@@ -64,15 +64,27 @@ def test_the_written_trust_serves_jobs_and_its_secret_signs_users_it_admits(
         "auth.conf", "signing-secret.yaml", "admin.creds", "trust.json",
     }  # fmt: skip
     assert all(p.stat().st_mode & 0o077 == 0 for p in out.iterdir())  # owner only
-    secret = json.loads((out / "signing-secret.yaml").read_text())
+    written = json.loads((out / "signing-secret.yaml").read_text())
+    namespace, secret = written["items"]
+    assert (namespace["kind"], namespace["metadata"]["name"]) == ("Namespace", "polyrl-system")
+    assert secret["metadata"] == {"name": "polyrl-nats-signing", "namespace": "polyrl-system"}
     data = {k: base64.b64encode(v.encode()).decode() for k, v in secret["stringData"].items()}
     signer = natsusers.signer_from(data, "the written Secret")
     again = subprocess.run(
         [sys.executable, "-m", "polyrl.cli", "nats-trust", str(out)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    assert again.returncode == 2
-    assert "is not empty" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert f"keeping the trust in {out}" in again.stdout
+    assert json.loads((out / "signing-secret.yaml").read_text()) == written  # the same keys
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    elsewhere = subprocess.run(
+        [sys.executable, "-m", "polyrl.cli", "nats-trust", str(tmp_path / "other")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert elsewhere.returncode == 2
+    assert "is not empty and holds no trust.json" in elsewhere.stderr
 
     proc, url = serve(out)
     try:
@@ -96,4 +108,49 @@ async def publish_as_a_workflow_user(
     ack = await workflow.jetstream().publish(names.requests_subject("solver"), b"{}")
     assert ack.stream == stream
     await workflow.close()
+    await admin.close()
+
+
+def test_the_nats_helper_with_a_trust_admits_its_users_and_refuses_anonymous_clients(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "trust"
+    subprocess.run(
+        [sys.executable, "-m", "polyrl.cli", "nats-trust", str(out)],
+        capture_output=True, timeout=60, check=True,
+    )  # fmt: skip
+    helper = processes.start(
+        "nats-helper",
+        [sys.executable, "-m", "polyrl.local.natsserver", "--trust", str(out)],
+        log=tmp_path / "helper.log",
+    )
+    try:
+        url = wait_for_url(tmp_path / "helper.log")
+        assert "only users of the trust" in (tmp_path / "helper.log").read_text()
+        asyncio.run(anonymous_is_refused_and_admin_admitted(url, out / "admin.creds"))
+    finally:
+        processes.stop(helper)
+
+
+def wait_for_url(log: Path) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for word in log.read_text().split() if log.exists() else []:
+            if word.startswith("nats://"):
+                return word.rstrip(",")
+        time.sleep(0.1)
+    raise AssertionError(f"the helper printed no URL: {log.read_text()}")
+
+
+async def anonymous_is_refused_and_admin_admitted(url: str, admin_creds: Path) -> None:
+    host, port = url.removeprefix("nats://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    await reader.readline()  # INFO
+    writer.write(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+    answer = await asyncio.wait_for(reader.readline(), 10)
+    writer.close()
+    await writer.wait_closed()
+    assert b"Authorization Violation" in answer, answer
+    admin = await connect(url, admin_creds)
+    assert admin.is_connected
     await admin.close()

@@ -76,3 +76,16 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/*
+How the jobs reach NATS: signed per-role users (the default, nats.signingSecret), or shared
+credentials when nats.insecure opts in. Anything else fails the install, saying what to do.
+*/}}
+{{- define "polyrl.natsSecurity" -}}
+{{- if and .Values.nats.deploy (not .Values.nats.insecure) -}}
+{{- fail "nats.deploy runs a NATS server without authentication: set nats.insecure=true too (every pod can then read and write every job's data), or use a NATS server that includes the auth.conf of `polyrl nats-trust DIR`" -}}
+{{- end -}}
+{{- if and (not .Values.nats.signingSecret) (not .Values.nats.insecure) -}}
+{{- fail "nats.signingSecret is empty: name the Secret from `polyrl nats-trust DIR` (kubectl apply -f DIR/signing-secret.yaml), or set nats.insecure=true to let every job's pods share NATS" -}}
+{{- end -}}
+{{- end -}}

@@ -40,6 +40,8 @@ PREFIXES = {
     "user": nkeys.PREFIX_BYTE_USER,
 }
 UNLIMITED = -1
+TRUST_FILE = "trust.json"  # every seed of a trust, as `polyrl nats-trust` writes it
+TRUST_KEYS = ("operator", "system", "account", "signing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,18 @@ class Trust:
     def new(cls) -> Trust:
         return cls(Key.new("operator"), Key.new("account"), Key.new("account"), Key.new("account"))
 
+    @classmethod
+    def load(cls, directory: Path) -> Trust:
+        """The trust `polyrl nats-trust DIR` wrote (its `trust.json`, every seed)."""
+        path = directory / TRUST_FILE
+        try:
+            seeds = json.loads(path.read_text())
+            return cls(*(Key(str(seeds[k])) for k in TRUST_KEYS))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{path}: not a trust written by `polyrl nats-trust` ({type(err).__name__}: {err})"
+            ) from None
+
     @property
     def signer(self) -> Signer:
         return Signer(self.account.public, self.signing)
@@ -180,30 +194,46 @@ class Trust:
         )
 
 
-def write_trust(trust: Trust, out: Path, *, secret: str) -> dict[Path, str]:
+def signing_manifest(trust: Trust, *, secret: str, namespace: str) -> dict[str, Any]:
+    """The operator's namespace and its signing Secret, as one `kubectl apply -f` list."""
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret, "namespace": namespace},
+                "stringData": {"account": trust.account.public, "seed": trust.signing.seed},
+            },
+        ],
+    }
+
+
+def write_trust(
+    trust: Trust, out: Path, *, secret: str, namespace: str = "polyrl-system"
+) -> dict[Path, str]:
     """What `polyrl nats-trust` writes: each file and what it is for."""
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": secret},
-        "stringData": {"account": trust.account.public, "seed": trust.signing.seed},
-    }
-    seeds = {k: getattr(trust, k).seed for k in ("operator", "system", "account", "signing")}
+    manifest = signing_manifest(trust, secret=secret, namespace=namespace)
+    seeds = {k: getattr(trust, k).seed for k in TRUST_KEYS}
     files = {
         out / "auth.conf": (
             trust.server_config() + f"max_control_line: {MAX_CONTROL_LINE}\n",
-            "nats-server: include it in the server's configuration",
+            "nats-server: include it in the server's configuration "
+            f"(python -m polyrl.local.natsserver --trust {out} does)",
         ),
         out / "signing-secret.yaml": (
             json.dumps(manifest, indent=2) + "\n",
-            f"kubectl apply -n <operator namespace> -f it; chart value nats.signingSecret={secret}",
+            f"kubectl apply -f it (namespace {namespace} and the Secret {secret}); "
+            f"chart value nats.signingSecret={secret}",
         ),
         out / "admin.creds": (
             trust.signer.user_creds("admin", ADMIN),
             "an admin user of the jobs account (nats CLI: --creds)",
         ),
-        out / "trust.json": (json.dumps(seeds, indent=2) + "\n", "every seed: keep it offline"),
+        out / TRUST_FILE: (json.dumps(seeds, indent=2) + "\n", "every seed: keep it offline"),
     }
     for path, (text, _) in files.items():
         path.write_text(text)

@@ -2,7 +2,8 @@
 
 Used by the test session (one per session), by `polyrl run` (embedded) and by hand:
 
-    python -m polyrl.local.natsserver        # runs until Ctrl-C, prints the URL
+    python -m polyrl.local.natsserver                    # runs until Ctrl-C, prints the URL
+    python -m polyrl.local.natsserver --trust nats-trust # admits only users of that trust
 
 `max_payload` is raised to 8 MiB so weight objects can use large chunks, and
 `max_control_line` to 64 KiB for the user JWTs of jobs with many policies; the store lives in a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -169,13 +171,29 @@ class NatsServer:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m polyrl.local.natsserver",
-        description="Run a nats-server with JetStream on 127.0.0.1 until Ctrl-C, with a "
-        "temporary store that is removed at exit; prints its URL.",
+        description="Run a nats-server with JetStream on 127.0.0.1 until Ctrl-C (or SIGTERM), "
+        "with a temporary store that is removed at exit; prints its URL. Background it with "
+        "`&` to keep the shell.",
     )
     parser.add_argument("--port", type=int, default=0, help="client port (0: a free one)")
+    parser.add_argument(
+        "--trust",
+        type=Path,
+        metavar="DIR",
+        help="admit only users signed by the trust `polyrl nats-trust DIR` wrote (its "
+        "operator and accounts; the polyrl operator signs each job's users with its signing "
+        "key); without it the server is open to anyone who can reach it",
+    )
     args = parser.parse_args(argv)
-    with NatsServer(port=args.port) as server:
-        print(f"nats-server with JetStream at {server.url} (Ctrl-C stops it)", flush=True)
+    try:
+        trust = Trust.load(args.trust) if args.trust else None
+    except ValueError as err:
+        parser.error(str(err))
+    # `kill` (SIGTERM) stops it as Ctrl-C does: the server and its store go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with NatsServer(port=args.port, trust=trust) as server:
+        how = f"only users of the trust in {args.trust}" if trust else "OPEN: no authentication"
+        print(f"nats-server with JetStream at {server.url}, {how} (Ctrl-C stops it)", flush=True)
         try:
             while server.proc is not None and server.proc.alive():
                 time.sleep(0.5)

@@ -217,7 +217,7 @@ def test_deploying_nats_adds_a_statefulset_and_points_the_operator_at_it(
     assert not [o for o in render(helm_binary) if o["kind"] == "StatefulSet"]
     objects = render(
         helm_binary,
-        {"nats": {"deploy": True, "storage": "3Gi"}, "metrics": {"port": 0}},
+        {"nats": {"deploy": True, "insecure": True, "storage": "3Gi"}, "metrics": {"port": 0}},
         release="demo",
         namespace="ml",
     )
@@ -250,15 +250,31 @@ def test_the_credentials_secret_appears_only_as_a_secret_name(helm_binary: Path)
         assert "secretKeyRef" not in env.get("valueFrom", {})
 
 
-def test_the_signing_secret_brings_the_users_lifetime_along(helm_binary: Path) -> None:
+def test_by_default_the_operator_signs_users_with_the_secret_nats_trust_writes(
+    helm_binary: Path,
+) -> None:
     env = operator_env(render(helm_binary))
-    assert "POLYRL_NATS_SIGNING_SECRET" not in env
-    assert "POLYRL_NATS_USER_TTL" not in env
+    assert env["POLYRL_NATS_SIGNING_SECRET"] == "polyrl-nats-signing"  # `polyrl nats-trust`'s
+    assert env["POLYRL_NATS_USER_TTL"] == "86400"
+    assert "POLYRL_NATS_INSECURE" not in env
     env = operator_env(render(helm_binary, values={"nats": {"signingSecret": "signing"}}))
     assert env["POLYRL_NATS_SIGNING_SECRET"] == "signing"
-    assert env["POLYRL_NATS_USER_TTL"] == "86400"
     values = {"nats": {"signingSecret": "signing", "userTTLSeconds": 3600}}
     assert operator_env(render(helm_binary, values=values))["POLYRL_NATS_USER_TTL"] == "3600"
+
+
+def test_an_open_nats_is_an_explicit_opt_in_and_anything_else_is_refused(
+    helm_binary: Path,
+) -> None:
+    env = operator_env(render(helm_binary, values={"nats": {"insecure": True}}))
+    assert env["POLYRL_NATS_INSECURE"] == "true"
+    assert "POLYRL_NATS_SIGNING_SECRET" not in env
+    with pytest.raises(RuntimeError, match=r"nats\.signingSecret is empty: name the Secret"):
+        render(helm_binary, values={"nats": {"signingSecret": ""}})
+    with pytest.raises(
+        RuntimeError, match=r"nats\.deploy runs a NATS server without authentication"
+    ):
+        render(helm_binary, values={"nats": {"deploy": True}})
 
 
 def test_the_worker_image_and_image_tag_are_passed_through(helm_binary: Path) -> None:
@@ -379,7 +395,7 @@ def test_with_the_charts_nats_the_policies_point_at_it_and_it_admits_only_polyrl
     helm_binary: Path,
 ) -> None:
     values = {
-        "nats": {"deploy": True},
+        "nats": {"deploy": True, "insecure": True},
         "networkPolicy": {
             "enabled": True,
             "jobNamespaces": ["team-a"],
@@ -412,7 +428,7 @@ def test_the_api_server_accepts_the_network_policies(
     helm_binary: Path, kubectl: Kubectl, namespace: str
 ) -> None:
     values = {
-        "nats": {"deploy": True},
+        "nats": {"deploy": True, "insecure": True},
         "networkPolicy": {"enabled": True, "jobNamespaces": [namespace]},
     }
     objects = render(helm_binary, values, namespace=namespace)
@@ -531,7 +547,9 @@ def test_helm_installs_the_operator_under_pod_security_restricted_and_uninstalls
 def test_the_nats_pod_is_admitted_under_pod_security_restricted(
     helm_binary: Path, kubectl: Kubectl, restricted_namespace: str
 ) -> None:
-    objects = render(helm_binary, {"nats": {"deploy": True}}, namespace=restricted_namespace)
+    objects = render(
+        helm_binary, {"nats": {"deploy": True, "insecure": True}}, namespace=restricted_namespace
+    )
     nats = only(objects, "StatefulSet")
     template = nats["spec"]["template"]
     # What the StatefulSet controller adds: one volume per claim template.
