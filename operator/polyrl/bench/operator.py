@@ -20,6 +20,10 @@ and stops it all by PID at the end. Then, in one namespace:
    time has passed: an operator that never goes quiet is what idle shows), the process's
    CPU (utime+stime from /proc over wall time, percent of one core), its RSS, and its API
    requests and reconcile passes are measured over a window.
+5. scale to serving (`operator_serving`): in a second namespace whose pods the node agent
+   runs, a real job (tiny model) is scaled up by `serving_step` rollout pods once it
+   serves; from the patch to every new pod Running, and to every new pod Ready (serving
+   the current weights, by its readiness probe).
 
 Pod times come from one pod watch in this process (first sighting of each pod UID), so
 they include the watch's delivery; latencies are measured against `time.monotonic()`.
@@ -43,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from polyrl.api import naming
 from polyrl.api.base import GROUP, VERSION
+from polyrl.bench import operator_serving
 from polyrl.bench.operator_common import (
     API_REQUESTS,
     NAMESPACE,
@@ -73,6 +78,7 @@ class Config:
     idle_jobs: int
     idle_window_s: float
     quiet_timeout_s: float
+    serving_step: int  # rollout pods added to a real job, timed to Running and to serving
     status_interval_s: float = STATUS_INTERVAL
 
 
@@ -85,6 +91,7 @@ def config(*, quick: bool) -> Config:
             idle_jobs=5,
             idle_window_s=5.0,
             quiet_timeout_s=4.0,
+            serving_step=1,
         )
     return Config(
         quick=False,
@@ -93,6 +100,7 @@ def config(*, quick: bool) -> Config:
         idle_jobs=50,
         idle_window_s=30.0,
         quiet_timeout_s=15.0,
+        serving_step=SCALE_STEP,
     )
 
 
@@ -375,6 +383,7 @@ def measure(env: Env, cfg: Config) -> dict[str, Any]:
     quiet_s = wait_quiet(env, cfg.status_interval_s + 0.5, cfg.quiet_timeout_s)
     say(f"settled in {quiet_s:.1f}s; measuring idle for {cfg.idle_window_s:.0f}s")
     idle = measure_idle(env, cfg.idle_window_s)
+    serving = operator_serving.measure(env.api, env.kubectl, cfg.serving_step)
     return {
         "quick": cfg.quick,
         "cpus": os.cpu_count(),
@@ -399,6 +408,7 @@ def measure(env: Env, cfg: Config) -> dict[str, Any]:
         "idle_pods": cfg.idle_jobs * pods_per_job(job_doc("x")),
         "idle_settle_s": round(quiet_s, 1),
         **idle,
+        **serving.figures(),
     }
 
 

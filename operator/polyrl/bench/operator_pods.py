@@ -22,6 +22,7 @@ class SeenPod:
     labels: dict[str, str]
     added: float
     running: float | None = None
+    ready: float | None = None  # its Ready condition True (the worker serves: its probe)
     leaving: float | None = None  # deletionTimestamp seen, or the pod is gone
 
 
@@ -34,6 +35,7 @@ class PodWatch:
     and leave. A daemon thread follows one watch; `wait` blocks on a predicate over it."""
 
     api: client.ApiClient
+    namespace: str = NAMESPACE
     pods: dict[str, SeenPod] = field(default_factory=dict)
     error: BaseException | None = None
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -42,7 +44,7 @@ class PodWatch:
 
     def start(self) -> None:
         core = client.CoreV1Api(self.api)
-        listed = core.list_namespaced_pod(NAMESPACE, _preload_content=False)
+        listed = core.list_namespaced_pod(self.namespace, _preload_content=False)
         doc = json.loads(listed.data)
         for item in doc["items"]:
             self._record("ADDED", item)
@@ -72,7 +74,7 @@ class PodWatch:
     def _follow_once(self, core: client.CoreV1Api, version: str) -> str:
         """One watch request from `version`; returns the last version seen."""
         resp = core.list_namespaced_pod(
-            NAMESPACE,
+            self.namespace,
             watch=True,
             resource_version=version,
             allow_watch_bookmarks=True,
@@ -103,6 +105,12 @@ class PodWatch:
                 seen = self.pods[meta["uid"]] = SeenPod(meta["name"], meta.get("labels") or {}, now)
             if seen.running is None and status.get("phase") == "Running":
                 seen.running = now
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or []
+            )
+            if seen.ready is None and ready:
+                seen.ready = now
             if seen.leaving is None and (kind == "DELETED" or meta.get("deletionTimestamp")):
                 seen.leaving = now
             self._cond.notify_all()
@@ -157,6 +165,13 @@ def new_rollouts(group: str, before: set[str], count: int) -> Predicate:
 def all_running(uids: set[str]) -> Predicate:
     return lambda pods: nth_time(
         [p.running for uid, p in pods.items() if uid in uids and p.running is not None],
+        len(uids),
+    )
+
+
+def all_ready(uids: set[str]) -> Predicate:
+    return lambda pods: nth_time(
+        [p.ready for uid, p in pods.items() if uid in uids and p.ready is not None],
         len(uids),
     )
 

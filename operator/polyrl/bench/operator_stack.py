@@ -97,6 +97,10 @@ def start_operator(
         "KUBECONFIG": str(kubeconfig),
         "POLYRL_NATS_URL": nats_url,
         "POLYRL_STATUS_INTERVAL": str(STATUS_INTERVAL),
+        # Only the serving job's pods run workers, on a server of the benchmark's own.
+        "POLYRL_NATS_INSECURE": "true",
+        # Real workers (the serving part), one torch thread each as in `polyrl run`.
+        "POLYRL_WORKER_COMMAND": "env OMP_NUM_THREADS=1 POLYRL_TORCH_THREADS=1 polyrl worker",
     }
     proc = processes.start(
         "operator",

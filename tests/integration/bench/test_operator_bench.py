@@ -35,7 +35,7 @@ def test_bench_operator_quick_reports_every_figure() -> None:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     elapsed = time.monotonic() - started
@@ -55,5 +55,9 @@ def test_bench_operator_quick_reports_every_figure() -> None:
     assert figures["idle_jobs"] == operator_bench.config(quick=True).idle_jobs
     assert figures["idle_reconciles_per_s"] >= 0  # the 30 s resync may fall outside the window
     assert figures["status_interval_s"] > 0
+    # A real job's new rollout pods Run at once and are Ready once they serve, later.
+    assert figures["serving_scale_step"] == operator_bench.config(quick=True).serving_step
+    assert 0 < figures["scale_up_to_running_s"] < figures["scale_up_to_serving_s"] < 600
+    assert figures["serving_job_running_s"] > 0
     assert "[bench operator" in proc.stderr  # progress goes to stderr
     print(f"quick benchmark took {elapsed:.0f}s: {json.dumps(figures, sort_keys=True)}")
