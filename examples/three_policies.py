@@ -18,9 +18,9 @@ import asyncio
 import random
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers.episode import Episode
-from polyrl.workers.roles import PolicyRole, TaskAccuracy
 from polyrl.workers.tasks import arithmetic, base
+from polyrl.workers.workflows.episode import Episode
+from polyrl.workers.workflows.interface import PolicyRole, TaskAccuracy
 from polyrl.workers.workflows.solver_verifier import verdicts
 
 

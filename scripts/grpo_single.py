@@ -29,11 +29,12 @@ from transformers import PreTrainedTokenizerBase
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("operator", "workers")]
 
 from polyrl.api.resources import ModelSource, TaskSpec  # noqa: E402
-from polyrl.workers import batching, grpo, tasks, warmup  # noqa: E402
-from polyrl.workers import model as models  # noqa: E402
-from polyrl.workers.engines.base import SamplingParams  # noqa: E402
-from polyrl.workers.engines.torch_engine import TorchEngine  # noqa: E402
-from polyrl.workers.learner import scheduled_lr  # noqa: E402
+from polyrl.workers import tasks  # noqa: E402
+from polyrl.workers.models import loading as models  # noqa: E402
+from polyrl.workers.rollout.engines.base import SamplingParams  # noqa: E402
+from polyrl.workers.rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from polyrl.workers.trainer import batching, grpo, warmup  # noqa: E402
+from polyrl.workers.trainer.learner import scheduled_lr  # noqa: E402
 
 
 def parse() -> argparse.Namespace:

@@ -35,9 +35,9 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("operator", "workers")]
 
 from polyrl.api.resources import ModelSource  # noqa: E402
-from polyrl.workers import model as models  # noqa: E402
-from polyrl.workers import warmup  # noqa: E402
+from polyrl.workers.models import loading as models  # noqa: E402
 from polyrl.workers.tasks import arithmetic, base  # noqa: E402
+from polyrl.workers.trainer import warmup  # noqa: E402
 from polyrl.workers.workflows.solver_verifier import verdicts as verify  # noqa: E402
 
 

@@ -218,7 +218,7 @@ def exec_namespace(kubectl: Kubectl) -> Iterator[str]:
 def tiny_bpe(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """`tiny_bpe(arch)`: the directory of a tiny model of `arch` (llama, qwen2, qwen3) with a
     BPE tokenizer, built locally once per session (`polyrl.workers.tinybpe`)."""
-    from polyrl.workers import tinybpe
+    from polyrl.workers.models import tinybpe
 
     cache = tmp_path_factory.mktemp("tiny-bpe")
     return lambda arch: tinybpe.ensure(f"{tinybpe.SCHEME}{arch}/test", cache)

@@ -44,8 +44,8 @@ from polyrl.local.natsserver import NatsServer
 from polyrl.testing import ledger
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
-from polyrl.workers.deltas.chain import delta_name
-from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.weightsync.chain import delta_name
+from polyrl.workers.weightsync.store import WeightStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

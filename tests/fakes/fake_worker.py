@@ -39,7 +39,7 @@ from polyrl.api import natsconfig
 from polyrl.api.launch import CONFIG_ENV, POD_NAME_ENV, WorkerConfig
 from polyrl.api.messages import DrainAck, Drained, DrainRequest, Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
-from polyrl.workers import worker_metrics
+from polyrl.workers.runtime import prometheus as worker_metrics
 
 
 class FakeWorker:

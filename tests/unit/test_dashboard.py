@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import polyrl.operator.metrics  # noqa: F401  (registers the operator's metrics)
-from polyrl.workers import worker_metrics
+from polyrl.workers.runtime import prometheus as worker_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "polyrl" / "dashboards" / "polyrl.json"
 # What a family of each type is scraped as.

@@ -28,7 +28,7 @@ class WorkerState(enum.StrEnum):
 
     def is_ready(self) -> bool:
         """The worker does its job (serves, trains, runs episodes, or finished): said in a
-        heartbeat, its pod is Ready (the readiness probe, `polyrl.workers.worker_metrics`)."""
+        heartbeat, its pod is Ready (the readiness probe, `polyrl.workers.runtime.prometheus`)."""
         return self in (WorkerState.SERVING, WorkerState.TRAINING, WorkerState.DONE)
 
 

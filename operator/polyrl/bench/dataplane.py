@@ -13,7 +13,7 @@ math. So the figures are what NATS, the wire models and the workers' loops susta
   it, consumed and parsed as the trainer does) against raw JetStream publish and consume of
   messages of the same size, in the same run: `stream_over_raw` (target >= 0.8).
 - `overload`: a trainer slower than generation (it sleeps per step). The runner's bound on
-  how far generation runs ahead (`ahead`) holds it back; at the end every trajectory the
+  how far generation runs ahead (`staleness`) holds it back; at the end every trajectory the
   stream accepted is trained, dropped as stale (counted), or still queued for the trainer:
   `overload_unaccounted` must be 0.
 """
@@ -84,7 +84,7 @@ class NullTrainer:
     trained_ids: collections.Counter[str] = field(default_factory=collections.Counter)
 
     async def run(self) -> None:
-        from polyrl.workers import trainer
+        from polyrl.workers.trainer import leader as trainer
 
         sub = await self.rt.js.pull_subscribe(
             self.rt.names.trajectories_subject(POLICY),
@@ -126,7 +126,7 @@ class Pipeline:
     trainer_task: asyncio.Task[Any] | None = None
 
     async def connect(self, role: Role, pod: str) -> Any:
-        from polyrl.workers.runtime import Runtime
+        from polyrl.workers.runtime.worker import Runtime
 
         policy = None if role == Role.WORKFLOW else POLICY
         config = WorkerConfig(
@@ -140,8 +140,8 @@ class Pipeline:
     async def start(self, bundle_dir: Path, replicas: int, delay: float) -> None:
         from transformers import AutoTokenizer
 
-        from polyrl.workers.engines.null_engine import NullEngine
-        from polyrl.workers.rollout import ModelFacts, RolloutWorker
+        from polyrl.workers.rollout.engines.null_engine import NullEngine
+        from polyrl.workers.rollout.worker import ModelFacts, RolloutWorker
 
         await publish_policy(self.url, self.names, bundle_dir)
         tokenizer = AutoTokenizer.from_pretrained(bundle_dir, local_files_only=True)
@@ -156,9 +156,9 @@ class Pipeline:
         await self._start_runner()
 
     async def _start_runner(self) -> None:
-        from polyrl.workers import main
+        from polyrl.workers.runner import main as runner_main
 
-        self.runner = main.build_workflow(await self.connect(Role.WORKFLOW, "workflow-0"))
+        self.runner = runner_main.build_workflow(await self.connect(Role.WORKFLOW, "workflow-0"))
         self.runner_task = asyncio.create_task(self.runner.run())
         self.tasks.append(self.runner_task)
 
@@ -188,9 +188,9 @@ async def publish_policy(url: str, names: JobNames, bundle_dir: Path) -> None:
     first weight announcement (the null engine ignores the weights; the runner waits for it)."""
     import torch
 
-    from polyrl.workers import bundle
-    from polyrl.workers.deltas.publish import WeightPublisher
-    from polyrl.workers.deltas.store import WeightStore
+    from polyrl.workers.weightsync import bundle
+    from polyrl.workers.weightsync.publish import WeightPublisher
+    from polyrl.workers.weightsync.store import WeightStore
 
     nc = await nats.connect(url)
     try:
@@ -351,7 +351,7 @@ async def _through(
 
 
 async def _measure(url: str, tmp: Path, quick: bool) -> dict[str, Any]:
-    from polyrl.workers import model as models
+    from polyrl.workers.models import loading as models
 
     plan: dict[str, Any] = QUICK if quick else FULL
     model, tokenizer = models.make_model(

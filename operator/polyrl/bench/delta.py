@@ -43,13 +43,13 @@ from polyrl.api.naming import JobNames
 from polyrl.bench import measure
 from polyrl.bench.netshape import ShapedProxy
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import runtime
-from polyrl.workers.deltas.announce import WeightAnnouncement
 from polyrl.workers.deltas.encoders.inline import InlineEncoder
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
-from polyrl.workers.deltas.publish import WeightPublisher
-from polyrl.workers.deltas.store import ObjectMeta, WeightStore
-from polyrl.workers.deltas.sync import WeightSync
+from polyrl.workers.runtime import worker as runtime
+from polyrl.workers.weightsync.announce import WeightAnnouncement
+from polyrl.workers.weightsync.publish import WeightPublisher
+from polyrl.workers.weightsync.store import ObjectMeta, WeightStore
+from polyrl.workers.weightsync.sync import WeightSync
 
 POLICY = "bench"
 LEARNING_RATES = {"": 1e-6, "_lr1e5": 1e-5}

@@ -28,10 +28,11 @@ import torch
 
 from polyrl.api.resources import ModelSource, TaskSpec
 from polyrl.bench import engine_vllm
-from polyrl.workers import batching, tasks
-from polyrl.workers import model as models
-from polyrl.workers.engines.base import Generation, SamplingParams
-from polyrl.workers.engines.torch_engine import TorchEngine
+from polyrl.workers import tasks
+from polyrl.workers.models import loading as models
+from polyrl.workers.rollout.engines.base import Generation, SamplingParams
+from polyrl.workers.rollout.engines.torch_engine import TorchEngine
+from polyrl.workers.trainer import batching
 
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE = 32, 8, 4, 0.6
 

@@ -25,8 +25,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     import torch
 
-    from polyrl.workers.engines import make_engine
-    from polyrl.workers.engines.base import SamplingParams
+    from polyrl.workers.rollout.engines import make_engine
+    from polyrl.workers.rollout.engines.base import SamplingParams
 
     if spec["engine"] == "vllm":
         import vllm  # noqa: F401  (timed here: its import is most of a worker's start)

@@ -24,8 +24,9 @@ import torch
 
 from polyrl.api.resources import ModelSource, TaskSpec
 from polyrl.local import environments
-from polyrl.workers import batching, tasks
-from polyrl.workers import model as models
+from polyrl.workers import tasks
+from polyrl.workers.models import loading as models
+from polyrl.workers.trainer import batching
 
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE = 16, 8, 16, 1.0
 PROBE_TIMEOUT = 600

@@ -53,7 +53,7 @@ FAILURE_REASONS = ("WorkerFailed", "InvalidInput", "RestartLimitExceeded")
 
 
 @dataclass
-class JobPass(report.Recorder):
+class JobReconcile(report.Recorder):
     ctx: Context
     body: Mapping[str, Any]
     job: RLJob
@@ -87,7 +87,7 @@ async def reconcile(
         return  # being deleted: its finalizer removes what it has; nothing is made again
     started = time.monotonic()
     job = load(body)
-    p = JobPass(ctx=ctx, body=body, job=job, status=job.status.model_copy(deep=True))
+    p = JobReconcile(ctx=ctx, body=body, job=job, status=job.status.model_copy(deep=True))
     if Phase(job.status.phase).is_terminal():
         await _free(p, pods)
     else:
@@ -102,7 +102,7 @@ async def reconcile(
     metrics.RECONCILES.labels(kind="rljob").inc()
 
 
-async def _pin_nats(p: JobPass) -> None:
+async def _pin_nats(p: JobReconcile) -> None:
     """A job that names no NATS keeps the operator's as it was when the job first ran: its
     streams and pods are there. A changed default is said once per job and operator."""
     meta, default = p.job.metadata, p.ctx.settings.nats_url
@@ -123,7 +123,7 @@ async def _pin_nats(p: JobPass) -> None:
         )
 
 
-async def _nats(p: JobPass) -> None:
+async def _nats(p: JobReconcile) -> None:
     if p.job.spec.suspend:
         return
     try:
@@ -139,7 +139,7 @@ async def _nats(p: JobPass) -> None:
         p.event("Normal", "NatsReady", "created the job's NATS streams and buckets")
 
 
-async def _users(p: JobPass) -> None:
+async def _users(p: JobReconcile) -> None:
     """Each role's own NATS user, where the operator has a signing key (natsusers), renewed
     before it expires. Without one (the operator's explicit opt-in, `nats_insecure`) the job
     says, in a condition and an event, that its data is open to every pod."""
@@ -160,7 +160,7 @@ async def _users(p: JobPass) -> None:
         )
 
 
-def _set(p: JobPass, type_: ConditionType, ok: bool, reason: str, message: str) -> bool:
+def _set(p: JobReconcile, type_: ConditionType, ok: bool, reason: str, message: str) -> bool:
     """Set a condition; True when its status changed (worth an event)."""
     old = find_condition(p.status.conditions, type_)
     p.condition(type_, ok, reason, message)
@@ -168,7 +168,7 @@ def _set(p: JobPass, type_: ConditionType, ok: bool, reason: str, message: str) 
     return old is None or old.status != wanted
 
 
-async def _claims(p: JobPass) -> None:
+async def _claims(p: JobReconcile) -> None:
     """A checkpoint claim for each policy that names none (once per job and operator)."""
     owner = render.owner_ref("RLJob", p.name, p.job.metadata.uid or "")
     for policy in p.job.spec.policies:
@@ -188,7 +188,7 @@ async def _claims(p: JobPass) -> None:
         p.ctx.claims.add(key)
 
 
-async def _groups(p: JobPass, groups: Sequence[Mapping[str, Any]]) -> None:
+async def _groups(p: JobReconcile, groups: Sequence[Mapping[str, Any]]) -> None:
     existing = {g["metadata"]["name"]: g for g in groups}
     owner = render.owner_ref("RLJob", p.name, p.job.metadata.uid or "")
     for planned in plan.policy_groups(p.job):
@@ -210,7 +210,7 @@ async def _groups(p: JobPass, groups: Sequence[Mapping[str, Any]]) -> None:
         await _sync_group(p, planned, current)
 
 
-async def _sync_group(p: JobPass, planned: PolicyGroup, current: Mapping[str, Any]) -> None:
+async def _sync_group(p: JobReconcile, planned: PolicyGroup, current: Mapping[str, Any]) -> None:
     """Carry the job's policy settings to its group, except the group's own replicas."""
     spec = dict(current["spec"])
     rollout = {**planned.spec.rollout.to_api(), "replicas": spec["rollout"]["replicas"]}
@@ -235,14 +235,14 @@ async def _sync_group(p: JobPass, planned: PolicyGroup, current: Mapping[str, An
         await p.ctx.kube.patch_custom("policygroups", p.ns, planned.metadata.name, patch)
 
 
-async def _free(p: JobPass, pods: Sequence[PodInfo]) -> None:
+async def _free(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
     """The job's own pods (workflow runners) go; groups free theirs when they see the job."""
     for pod in pods:
         if not pod.deleting:
             await p.ctx.kube.delete_pod(p.ns, pod.name, pod.uid)
 
 
-async def _workflow(p: JobPass, pods: Sequence[PodInfo]) -> None:
+async def _workflow(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
     runners = [x for x in pods if x.role == "workflow"]
     if p.job.spec.suspend:
         await _free(p, runners)
@@ -278,7 +278,7 @@ async def _workflow(p: JobPass, pods: Sequence[PodInfo]) -> None:
         p.status.workflow_failures, p.status.last_failure = 0, None
 
 
-def _workflow_failed(p: JobPass, pod: PodInfo) -> None:
+def _workflow_failed(p: JobReconcile, pod: PodInfo) -> None:
     p.status.workflow_failures += 1
     p.status.last_failure_time = now_rfc3339()
     p.status.last_failure = pod.failure()
@@ -291,7 +291,7 @@ def _workflow_failed(p: JobPass, pod: PodInfo) -> None:
     log.info("%s/%s: workflow runner failed, next in %.0fs", p.ns, p.name, delay)
 
 
-def _calm(p: JobPass) -> bool:
+def _calm(p: JobReconcile) -> bool:
     """Thirty seconds without a workflow-runner failure."""
     last = p.status.last_failure_time
     return last is None or seconds_since(last) > 30
@@ -329,7 +329,7 @@ def _policy_status(
     )
 
 
-def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]], pods: Sequence[PodInfo]) -> None:
+def _status(p: JobReconcile, group_bodies: Sequence[Mapping[str, Any]], pods: Sequence[PodInfo]) -> None:
     groups = [
         PolicyGroup.model_validate(
             {
@@ -359,7 +359,7 @@ def _status(p: JobPass, group_bodies: Sequence[Mapping[str, Any]], pods: Sequenc
     _phase(p, groups, ready=len(ready) == len(policies), runners_ready=runners_ready)
 
 
-def _progress(p: JobPass, groups: Mapping[str, PolicyGroup]) -> None:
+def _progress(p: JobReconcile, groups: Mapping[str, PolicyGroup]) -> None:
     """The least advanced policy's progress, and the longest time left (`progress`)."""
     fractions, lefts = [], []
     for policy in p.job.spec.policies:
@@ -382,7 +382,7 @@ def _progress(p: JobPass, groups: Mapping[str, PolicyGroup]) -> None:
         p.status.eta = progress.duration(max(known))
 
 
-def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, ready: bool, runners_ready: bool) -> None:
+def _phase(p: JobReconcile, groups: Sequence[PolicyGroup], *, ready: bool, runners_ready: bool) -> None:
     """Pending until every policy trains and serves and the workflow runners run episodes
     (each said so in a heartbeat: the pods' readiness); Running from then on, while pods
     are scaled or replaced (Ready then says what is degraded), until the job ends."""
@@ -420,7 +420,7 @@ def _phase(p: JobPass, groups: Sequence[PolicyGroup], *, ready: bool, runners_re
         )
 
 
-def _readiness(p: JobPass, *, ready: bool, runners_ready: bool) -> str:
+def _readiness(p: JobReconcile, *, ready: bool, runners_ready: bool) -> str:
     """What Ready says: the policies ready, and what is not yet (or no longer)."""
     waiting = [w for x in p.status.policies if (w := _waiting_for(x))]
     if not runners_ready:
@@ -436,7 +436,7 @@ def _waiting_for(policy: PolicyStatus) -> str | None:
     return f"{policy.name}: {', '.join(parts)}" if parts else None
 
 
-def _workers_healthy(p: JobPass, groups: Sequence[PolicyGroup]) -> str | None:
+def _workers_healthy(p: JobReconcile, groups: Sequence[PolicyGroup]) -> str | None:
     """WorkersHealthy on the job: its workflow runners' and its groups' together. Returns
     why it is False, or None. An ended job keeps what it said when it ended."""
     if Phase(p.status.phase).is_terminal():
@@ -454,7 +454,7 @@ def _workers_healthy(p: JobPass, groups: Sequence[PolicyGroup]) -> str | None:
     return "; ".join(causes)
 
 
-def _stop_reached(p: JobPass) -> bool:
+def _stop_reached(p: JobReconcile) -> bool:
     stop = p.job.spec.stop
     if _steps_done(p):
         return True
@@ -463,7 +463,7 @@ def _stop_reached(p: JobPass) -> bool:
     return False
 
 
-def _steps_done(p: JobPass) -> bool:
+def _steps_done(p: JobReconcile) -> bool:
     """Every policy reached its last step (its own trainer.steps, else stop.steps)."""
     budgets = p.job.spec.all_steps()
     if not budgets:
@@ -475,7 +475,7 @@ def _steps_done(p: JobPass) -> bool:
     )
 
 
-def _stop_message(p: JobPass) -> str:
+def _stop_message(p: JobReconcile) -> str:
     budgets = p.job.spec.all_steps()
     if budgets and _steps_done(p):
         if len(set(budgets.values())) == 1:
@@ -488,7 +488,7 @@ def _stop_message(p: JobPass) -> str:
     return f"ran for {p.job.spec.stop.duration_seconds}s"
 
 
-def _end(p: JobPass, phase: Phase, reason: str, message: str) -> None:
+def _end(p: JobReconcile, phase: Phase, reason: str, message: str) -> None:
     p.status.phase = phase
     p.status.completion_time = now_rfc3339()
     p.condition(ConditionType.READY, False, reason, message)
@@ -509,7 +509,7 @@ def _end(p: JobPass, phase: Phase, reason: str, message: str) -> None:
     )
 
 
-async def _finish(p: JobPass) -> None:
+async def _finish(p: JobReconcile) -> None:
     p.status.observed_generation = p.job.metadata.generation
     await report.publish(
         p.ctx.kube,

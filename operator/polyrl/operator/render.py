@@ -35,7 +35,7 @@ from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob
 RUN_AS = 65532
 NATS_VOLUME = "nats-credentials"
 USER_VOLUME = "nats-user"
-# Every worker serves Prometheus metrics here (polyrl.workers.worker_metrics).
+# Every worker serves Prometheus metrics here (polyrl.workers.runtime.prometheus).
 METRICS_PORT, METRICS_PORT_ENV = 9400, "POLYRL_METRICS_PORT"
 # Ready means doing its job, said in a heartbeat (a rollout serves the current weights, a
 # trainer trains, a runner runs episodes): the worker answers on its metrics port. Probed

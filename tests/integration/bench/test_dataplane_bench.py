@@ -11,7 +11,7 @@ import pytest
 from polyrl.api.resources import ModelSource
 from polyrl.bench import dataplane
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import model as models
+from polyrl.workers.models import loading as models
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from nats.js import api
 
 from polyrl.bench.netshape import ShapedProxy
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers.weightsync.store import WeightStore
 
 RATE_BITS, RTT = 40e6, 0.05  # 5 MB/s, 50 ms
 

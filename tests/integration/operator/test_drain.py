@@ -40,7 +40,7 @@ from polyrl.api.wire import GenerationRequest, GenerationResponse
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, wait_for
-from polyrl.workers.tokenizer import build_tokenizer
+from polyrl.workers.models.chartokenizer import build_tokenizer
 
 from .helpers import apply, job_doc, live, pods, wait_running
 
@@ -239,10 +239,10 @@ async def publish_model(url: str, names: JobNames, workdir: Path) -> None:
     """The trainer's publishing part (Leader.start): model bundle, then weight version 0."""
     import torch  # the workers' side: only this test needs it
 
-    from polyrl.workers import bundle
-    from polyrl.workers import model as models
-    from polyrl.workers.deltas.publish import WeightPublisher
-    from polyrl.workers.deltas.store import WeightStore
+    from polyrl.workers.models import loading as models
+    from polyrl.workers.weightsync import bundle
+    from polyrl.workers.weightsync.publish import WeightPublisher
+    from polyrl.workers.weightsync.store import WeightStore
 
     model, tokenizer = models.make_model(
         ModelSource(path="tiny-llama://drain", dtype="float32"), cache_dir=workdir / "models"

@@ -12,7 +12,7 @@ import pytest
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import bundle
+from polyrl.workers.weightsync import bundle
 
 
 async def test_a_published_bundle_is_fetched_without_its_weights(

@@ -30,8 +30,10 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import batching, checkpoint, learner, main, ranks
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.rollout import main as rollout_main
+from polyrl.workers.runner import main as runner_main
+from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.trainer import batching, checkpoint, learner, ranks
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +99,7 @@ def one_step(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
         )
     spec = job_spec(uniform_groups="skip" if skip else "keep")
-    t = learner.Trainer(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
+    t = learner.Learner(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
     t.sync_from_leader()
     t.step(few_to_train() if skip else fixed_samples())
     if rank == 0:
@@ -127,7 +129,7 @@ def test_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
     single = torch.load(tmp_path / "single.pt")
     parallel = torch.load(tmp_path / "dp.pt")
     spec = job_spec()
-    initial = learner.Trainer(spec.policies[0], spec.algorithm, workdir=tmp_path / "models")
+    initial = learner.Learner(spec.policies[0], spec.algorithm, workdir=tmp_path / "models")
     moved = 0
     for name, tensor in single.items():
         torch.testing.assert_close(parallel[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
@@ -204,10 +206,10 @@ async def test_a_torchrun_trainer_with_two_ranks_trains_and_its_rollouts_follow(
         await Runtime.connect(config(Role.WORKFLOW), "workflow-0"),
     ]
     try:
-        rollout = await main.build_rollout(workers[0], bundle_timeout=120)
+        rollout = await rollout_main.build_rollout(workers[0], bundle_timeout=120)
         running = [
             asyncio.create_task(rollout.run()),
-            asyncio.create_task(main.build_workflow(workers[1]).run()),
+            asyncio.create_task(runner_main.build_workflow(workers[1]).run()),
         ]
         for _ in range(600):
             if proc.popen is not None and proc.popen.poll() is not None:

@@ -10,11 +10,11 @@ import pytest
 from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.resources import ModelSource, RLJobSpec, TaskSpec
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import model as models
 from polyrl.workers import tasks
-from polyrl.workers.runtime import Runtime
-from polyrl.workers.scoring import Scorer
-from polyrl.workers.trainer import NatsHandoff
+from polyrl.workers.models import loading as models
+from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.trainer.leader import NatsHandoff
+from polyrl.workers.trainer.scoring import ModelScorer
 from polyrl.workers.workflows.solver_verifier import evaluation, exam, verdicts
 
 TASK = tasks.load_task(TaskSpec(name="arithmetic"))
@@ -45,7 +45,7 @@ async def test_the_solver_sets_the_exam_and_the_verifier_takes_it(
     model, tokenizer = models.make_model(
         ModelSource(path="tiny-llama://exam-solver", dtype="float32"), cache_dir=tmp_path
     )
-    solver = Scorer(model, tokenizer, max_new_tokens=4, answer_tokens=4)
+    solver = ModelScorer(model, tokenizer, max_new_tokens=4, answer_tokens=4)
     try:
         await evaluation.SolverEvaluation(TASK).prepare(
             NatsHandoff(solver_rt, "solver"), solver, first=True

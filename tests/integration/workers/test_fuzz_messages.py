@@ -25,8 +25,9 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.wire import Completion, GenerationResponse, Trajectory
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import main, trainer
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.runner import main as runner_main
+from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.trainer import leader as trainer
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ async def test_fuzzed_replies_to_the_workflow_runner_are_dead_lettered_and_it_ru
 ) -> None:
     nc, names = job
     rt = await connect(nats_server.url, names, Role.WORKFLOW)
-    runner = main.build_workflow(rt)
+    runner = runner_main.build_workflow(rt)
     runner.drain_timeout = 1.0  # its episodes wait for rollouts this test does not start
     running = asyncio.create_task(runner.run())
     valid = GenerationResponse(

@@ -21,7 +21,7 @@ from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer, ServerTls
 from polyrl.testing import pki
 from polyrl.workers.errors import Unavailable
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.runtime.worker import Runtime
 
 pytestmark = pytest.mark.slow
 

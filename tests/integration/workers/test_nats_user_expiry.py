@@ -27,7 +27,7 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.nodeagent import volumes
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.runtime.worker import Runtime
 
 pytestmark = pytest.mark.slow
 

@@ -23,10 +23,9 @@ from polyrl.api import natsconfig
 from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import retention
-from polyrl.workers.deltas import chain
-from polyrl.workers.deltas.publish import WeightPublisher
-from polyrl.workers.deltas.sync import WeightSync
+from polyrl.workers.weightsync import chain, retention
+from polyrl.workers.weightsync.publish import WeightPublisher
+from polyrl.workers.weightsync.sync import WeightSync
 
 pytestmark = pytest.mark.slow
 

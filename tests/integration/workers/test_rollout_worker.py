@@ -26,14 +26,15 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec
 from polyrl.api.wire import DeadLetter, GenerationRequest, GenerationResponse
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import bundle, main
-from polyrl.workers import model as models
-from polyrl.workers.deltas.announce import WeightAnnouncement
-from polyrl.workers.deltas.publish import WeightPublisher
-from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.rollout import RolloutWorker
-from polyrl.workers.runtime import Runtime
-from polyrl.workers.tokenizer import build_tokenizer
+from polyrl.workers.models import loading as models
+from polyrl.workers.models.chartokenizer import build_tokenizer
+from polyrl.workers.rollout import main as rollout_main
+from polyrl.workers.rollout.worker import RolloutWorker
+from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.weightsync import bundle
+from polyrl.workers.weightsync.announce import WeightAnnouncement
+from polyrl.workers.weightsync.publish import WeightPublisher
+from polyrl.workers.weightsync.store import WeightStore
 
 pytestmark = pytest.mark.slow
 CHARS = build_tokenizer()  # the tiny Llama's: requests carry its ids
@@ -93,7 +94,7 @@ async def setup(
     trainer = Trainer(nc.jetstream(), names, tmp_path)
     publisher = await trainer.start()
     rt = await Runtime.connect(config, "rollout-0")
-    worker = await main.build_rollout(rt, bundle_timeout=30)
+    worker = await rollout_main.build_rollout(rt, bundle_timeout=30)
     task = asyncio.create_task(worker.run())
     while rt.state != WorkerState.SERVING:  # noqa: ASYNC110 (subscribed to drain and queue)
         await asyncio.sleep(0.05)

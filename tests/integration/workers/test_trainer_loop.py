@@ -19,9 +19,12 @@ from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import checkpoint, learner, main, preflight, trainer
-from polyrl.workers.deltas import announce
-from polyrl.workers.runtime import Runtime
+from polyrl.workers import preflight
+from polyrl.workers.rollout import main as rollout_main
+from polyrl.workers.runner import main as runner_main
+from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.trainer import checkpoint, learner, loop
+from polyrl.workers.weightsync import announce
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +54,7 @@ def spec(steps: int, mode: str = "async") -> RLJobSpec:
 
 async def run_trainer(
     nats_url: str, names: JobNames, job: RLJobSpec, workdir: Path
-) -> learner.Trainer:
+) -> learner.Learner:
     config = WorkerConfig(
         namespace=names.namespace,
         job=names.job,
@@ -62,10 +65,10 @@ async def run_trainer(
     )
     # Built off the event loop: the model takes seconds, and the other workers this test runs
     # on the same loop have NATS requests in flight with a 5 s timeout meanwhile.
-    t = await asyncio.to_thread(learner.Trainer, job.policies[0], job.algorithm, workdir=workdir)
+    t = await asyncio.to_thread(learner.Learner, job.policies[0], job.algorithm, workdir=workdir)
     rt = await Runtime.connect(config, "trainer-0")
     try:
-        await trainer.run(rt, t, preflight.roles(job)["solver"])
+        await loop.run(rt, t, preflight.roles(job)["solver"])
     finally:
         await rt.close()
     return t
@@ -92,7 +95,7 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
         ),
         "rollout-0",
     )
-    rollout = await main.build_rollout(rollout_rt, bundle_timeout=60)
+    rollout = await rollout_main.build_rollout(rollout_rt, bundle_timeout=60)
     serving = asyncio.create_task(rollout.run())
     runner_rt = await Runtime.connect(
         WorkerConfig(
@@ -100,7 +103,7 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
         ),
         "workflow-0",
     )
-    episodes = asyncio.create_task(main.build_workflow(runner_rt).run())
+    episodes = asyncio.create_task(runner_main.build_workflow(runner_rt).run())
     try:
         first = await asyncio.wait_for(training, timeout=300)
         # The rollout worker applies new weights between batches, on its own schedule: the
@@ -126,7 +129,7 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
     assert (tmp_path / "tr" / "checkpoint" / checkpoint.STATE).is_file()
 
     # A restarted trainer resumes from its checkpoint in a new epoch, after version 3.
-    resumed = learner.Trainer(job.policies[0], job.algorithm, workdir=tmp_path / "tr")
+    resumed = learner.Learner(job.policies[0], job.algorithm, workdir=tmp_path / "tr")
     assert (resumed.state.step, resumed.state.epoch) == (3, 1)
     await rollout_rt.close()
     await runner_rt.close()
@@ -154,8 +157,8 @@ async def test_sync_mode_trains_each_step_only_on_samples_of_the_current_weights
             spec=job,
         )
         workers.append(await Runtime.connect(config, pod))
-    rollout = await main.build_rollout(workers[0], bundle_timeout=60)
-    runner = main.build_workflow(workers[1])
+    rollout = await rollout_main.build_rollout(workers[0], bundle_timeout=60)
+    runner = runner_main.build_workflow(workers[1])
     running = [asyncio.create_task(rollout.run()), asyncio.create_task(runner.run())]
     try:
         await asyncio.wait_for(training, timeout=300)

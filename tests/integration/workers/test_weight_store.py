@@ -17,12 +17,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import DigestMismatchError
 
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers.deltas.store import (
-    ObjectCorrupt,
-    ObjectMissing,
-    WeightStore,
-    digest_of,
-)
+from polyrl.workers.weightsync.store import ObjectCorrupt, ObjectMissing, WeightStore, digest_of
 
 # Both read paths: the bulk connection, and nats-py (its fallback under TLS or nkeys).
 PATHS = [pytest.param(True, id="bulk"), pytest.param(False, id="nats-py")]

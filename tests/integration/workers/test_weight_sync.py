@@ -20,11 +20,11 @@ from nats.js.api import ObjectStoreConfig
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers.deltas import announce
-from polyrl.workers.deltas.chain import delta_name, keyframe_name
-from polyrl.workers.deltas.publish import WeightPublisher
-from polyrl.workers.deltas.store import WeightStore
-from polyrl.workers.deltas.sync import SyncFailed, WeightSync
+from polyrl.workers.weightsync import announce
+from polyrl.workers.weightsync.chain import delta_name, keyframe_name
+from polyrl.workers.weightsync.publish import WeightPublisher
+from polyrl.workers.weightsync.store import WeightStore
+from polyrl.workers.weightsync.sync import SyncFailed, WeightSync
 
 POLICY = "solver"
 LATEST = 12

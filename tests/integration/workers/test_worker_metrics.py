@@ -15,8 +15,8 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.resources import RLJobSpec
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import worker_metrics
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.runtime import prometheus as worker_metrics
+from polyrl.workers.runtime.worker import Runtime
 
 
 def scrape(port: int) -> dict[str, float]:

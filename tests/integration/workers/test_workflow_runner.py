@@ -24,18 +24,21 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec, UniformGroups
 from polyrl.api.wire import Completion, GenerationResponse, Trajectory
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import bundle, main, workflows
-from polyrl.workers import model as models
-from polyrl.workers.deltas.publish import WeightPublisher
-from polyrl.workers.deltas.store import WeightStore
+from polyrl.workers import workflows
 from polyrl.workers.errors import StorageFull
-from polyrl.workers.reward_health import RewardsFailing
-from polyrl.workers.roles import FunctionWorkflow
-from polyrl.workers.runtime import Runtime
+from polyrl.workers.models import loading as models
+from polyrl.workers.rollout import main as rollout_main
+from polyrl.workers.runner import main as runner_main
+from polyrl.workers.runner.reward_health import RewardsFailing
+from polyrl.workers.runner.runner import WorkflowRunner
+from polyrl.workers.runtime.worker import Runtime
 from polyrl.workers.tasks import load_task
 from polyrl.workers.tasks.rewards import RewardFailed
-from polyrl.workers.workflow_runner import WorkflowRunner
+from polyrl.workers.weightsync import bundle
+from polyrl.workers.weightsync.publish import WeightPublisher
+from polyrl.workers.weightsync.store import WeightStore
 from polyrl.workers.workflows import Episode
+from polyrl.workers.workflows.interface import FunctionWorkflow
 
 pytestmark = pytest.mark.slow
 
@@ -86,11 +89,13 @@ async def start_workers(
         )
         rt = await Runtime.connect(config, f"{policy}-rollout-0")
         runtimes.append(rt)
-        tasks.append(asyncio.create_task((await main.build_rollout(rt, bundle_timeout=30)).run()))
+        tasks.append(
+            asyncio.create_task((await rollout_main.build_rollout(rt, bundle_timeout=30)).run())
+        )
     config = WorkerConfig(namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=url, spec=job)
     rt = await Runtime.connect(config, "workflow-0")
     runtimes.append(rt)
-    runner = main.build_workflow(rt)
+    runner = runner_main.build_workflow(rt)
     tasks.append(asyncio.create_task(runner.run()))
     return runtimes, tasks, runner
 
@@ -181,7 +186,7 @@ async def test_the_runner_tracks_which_trainers_still_warm_up_and_which_are_done
         spec=spec("solver-verifier"),
     )
     rt = await Runtime.connect(config, "workflow-0")
-    runner = main.build_workflow(rt)
+    runner = runner_main.build_workflow(rt)
     watcher = asyncio.create_task(runner._watch_trainers())
     try:
         assert runner.warming == {"solver", "verifier"}  # nothing polled yet
@@ -216,7 +221,7 @@ async def test_in_sync_mode_no_trainer_counts_as_warming_since_rounds_wait_for_a
     )
     rt = await Runtime.connect(config, "workflow-0")
     try:
-        runner = main.build_workflow(rt)
+        runner = runner_main.build_workflow(rt)
         await runner._poll_trainers()  # nothing announced
         assert runner.warming == set()
     finally:
@@ -258,7 +263,7 @@ async def test_async_runs_ask_each_policy_only_while_its_trainer_can_take_more(
         for _ in range(120):
             await asyncio.sleep(1.0)
             now = {policy: await backlog(policy) for policy in trainers}
-            if now == last and not any(runner.ahead.in_flight.values()):  # type: ignore[union-attr]
+            if now == last and not any(runner.staleness.in_flight.values()):  # type: ignore[union-attr]
                 return now
             last = now
         raise AssertionError(f"the backlogs never settled: {last}")
@@ -564,7 +569,7 @@ async def test_a_runner_replacing_one_of_the_same_name_sends_requests_the_queue_
                 namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
             )
             rt = await Runtime.connect(config, "workflow-0")
-            runner = main.build_workflow(rt)
+            runner = runner_main.build_workflow(rt)
             runner.drain_timeout = 0.5
             running = asyncio.create_task(runner.run())
             concurrency = runner.concurrency

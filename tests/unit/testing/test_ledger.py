@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polyrl.testing.ledger import Entry, account, read, rolled_back, table
-from polyrl.workers.ledger import Ledger
+from polyrl.workers.trainer.ledger import Ledger
 
 
 def test_steps_after_the_checkpoint_a_later_epoch_resumed_from_are_rolled_back() -> None:

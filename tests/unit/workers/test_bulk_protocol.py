@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polyrl.workers.deltas.bulk import BulkClosed, BulkConnection
+from polyrl.workers.weightsync.bulk import BulkClosed, BulkConnection
 
 
 class FakeTransport(asyncio.Transport):

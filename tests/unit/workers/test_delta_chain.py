@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polyrl.workers.deltas import chain
-from polyrl.workers.deltas.chain import NoPath, delta_name, keyframe_name, plan_sync, to_delete
+from polyrl.workers.weightsync import chain
+from polyrl.workers.weightsync.chain import NoPath, delta_name, keyframe_name, plan_sync, to_delete
 
 KEY, DELTA = 1000, 10  # a keyframe costs as much as a hundred deltas
 

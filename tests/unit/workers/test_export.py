@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from polyrl import cli
 from polyrl.api.resources import ModelSource
-from polyrl.workers import checkpoint
-from polyrl.workers import model as models
+from polyrl.workers.models import loading as models
+from polyrl.workers.trainer import checkpoint
 
 
 def write_checkpoint(directory: Path, name: str, *, step: int = 3) -> torch.nn.Module:

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polyrl.workers.batching import Sample, assign_advantages, collate, token_logprobs
-from polyrl.workers.grpo import (
+from polyrl.workers.trainer.batching import Sample, assign_advantages, collate, token_logprobs
+from polyrl.workers.trainer.grpo import (
     age_histogram,
     age_quantile,
     filter_stale,

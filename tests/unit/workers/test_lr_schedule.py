@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from polyrl.api.resources import Optimizer
-from polyrl.workers.learner import scheduled_lr
+from polyrl.workers.trainer.learner import scheduled_lr
 
 
 def test_without_a_ramp_every_step_uses_the_full_rate() -> None:

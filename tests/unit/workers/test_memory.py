@@ -10,7 +10,8 @@ import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from polyrl.api.resources import PolicySpec
-from polyrl.workers import memory, preflight
+from polyrl.workers import preflight
+from polyrl.workers.models import memory
 
 TinyBpe = Callable[[str], Path]
 

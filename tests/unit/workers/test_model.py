@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from polyrl.api.resources import ModelSource
-from polyrl.workers import model as tiny
-from polyrl.workers import tinybpe
-from polyrl.workers import tokenizer as char_tokenizer
+from polyrl.workers.models import chartokenizer as char_tokenizer
+from polyrl.workers.models import loading as tiny
+from polyrl.workers.models import tinybpe
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import nats.errors
 import pytest
 
-from polyrl.workers import outage
 from polyrl.workers.errors import Unavailable
+from polyrl.workers.runtime import outage
 
 
 class Flaky:

@@ -10,8 +10,9 @@ from transformers import AutoTokenizer
 
 from polyrl.api.model_source import PromptFormat
 from polyrl.api.wire import Trajectory
-from polyrl.workers import learner, prompts
-from polyrl.workers import tokenizer as char_tokenizer
+from polyrl.workers.models import chartokenizer as char_tokenizer
+from polyrl.workers.models import prompts
+from polyrl.workers.trainer import learner
 
 TinyBpe = Callable[[str], Path]
 
@@ -92,7 +93,7 @@ def test_the_runners_light_tokenizer_encodes_as_transformers_does(
 ) -> None:
     """The workflow runner reads tokenizers without transformers (which imports torch): the
     same ids for text and for chat messages through the template."""
-    from polyrl.workers import policy_tokenizers
+    from polyrl.workers.runner import tokenizers as policy_tokenizers
 
     directory = tiny_bpe(arch)
     reference = AutoTokenizer.from_pretrained(directory)

@@ -14,10 +14,11 @@ import torch
 from transformers import AutoTokenizer
 
 from polyrl.api.resources import ModelSource
-from polyrl.workers import batching, tinybpe
-from polyrl.workers import model as models
-from polyrl.workers.engines import torch_engine
-from polyrl.workers.engines.base import SamplingParams
+from polyrl.workers.models import loading as models
+from polyrl.workers.models import tinybpe
+from polyrl.workers.rollout.engines import torch_engine
+from polyrl.workers.rollout.engines.base import SamplingParams
+from polyrl.workers.trainer import batching
 
 TinyBpe = Callable[[str], Path]
 
@@ -79,7 +80,7 @@ def _hf_cache(cache: Path, repo: str, source: Path, revision: str = "main") -> s
 def test_an_hf_uri_resolves_through_the_hub_cache_offline(
     tiny_bpe: TinyBpe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from polyrl.workers import sources
+    from polyrl.workers.models import sources
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     commit = _hf_cache(tmp_path, "tiny/qwen2", tiny_bpe("qwen2"))
@@ -110,7 +111,7 @@ def test_make_model_loads_an_hf_uri_from_the_cache_named_by_the_environment(
 def test_a_pvc_uri_resolves_below_the_mount_root_or_says_it_is_not_mounted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from polyrl.workers import sources
+    from polyrl.workers.models import sources
 
     monkeypatch.setenv("POLYRL_PVC_ROOT", str(tmp_path))
     with pytest.raises(ValueError, match="claim 'models' is not mounted"):

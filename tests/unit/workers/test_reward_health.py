@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from polyrl.workers.errors import ConfigError
-from polyrl.workers.reward_health import RewardHealth, RewardsFailing
+from polyrl.workers.runner.reward_health import RewardHealth, RewardsFailing
 
 
 def test_failures_in_a_row_up_to_the_limit_raise_naming_the_last_failure() -> None:

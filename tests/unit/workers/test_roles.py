@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from polyrl.api.resources import RLJobSpec, Source
-from polyrl.workers import preflight, roles, tasks
-from polyrl.workers.episode import Episode
+from polyrl.workers import preflight, tasks
 from polyrl.workers.errors import ConfigError
+from polyrl.workers.workflows import interface as roles
+from polyrl.workers.workflows.episode import Episode
 from polyrl.workers.workflows.single import Single
 from polyrl.workers.workflows.solver_verifier import SolverVerifier, verdicts
 

@@ -8,10 +8,10 @@ import torch
 from tests.unit.workers.trainer_batches import two_groups
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers import learner
+from polyrl.workers.trainer import learner
 
 
-def make(workdir: Path, kl_coef: float) -> learner.Trainer:
+def make(workdir: Path, kl_coef: float) -> learner.Learner:
     spec = RLJobSpec.model_validate(
         {
             "policies": [
@@ -24,7 +24,7 @@ def make(workdir: Path, kl_coef: float) -> learner.Trainer:
             "algorithm": {"groupSize": 4, "klCoef": kl_coef},
         }
     )
-    made = learner.Trainer(spec.policies[0], spec.algorithm, workdir=workdir)
+    made = learner.Learner(spec.policies[0], spec.algorithm, workdir=workdir)
     made.sync_from_leader()
     return made
 

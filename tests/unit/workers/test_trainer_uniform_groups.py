@@ -10,10 +10,10 @@ import torch
 from tests.unit.workers.trainer_batches import two_groups
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers import batching, learner
+from polyrl.workers.trainer import batching, learner
 
 
-def make(workdir: Path, *, skip: bool, refill: bool = False) -> learner.Trainer:
+def make(workdir: Path, *, skip: bool, refill: bool = False) -> learner.Learner:
     uniform = "refill" if refill else "skip" if skip else "keep"
     job = RLJobSpec.model_validate(
         {
@@ -32,7 +32,7 @@ def make(workdir: Path, *, skip: bool, refill: bool = False) -> learner.Trainer:
             "algorithm": {"groupSize": 4},
         }
     )
-    made = learner.Trainer(job.policies[0], job.algorithm, workdir=workdir)
+    made = learner.Learner(job.policies[0], job.algorithm, workdir=workdir)
     made.sync_from_leader()
     return made
 
@@ -42,7 +42,7 @@ def all_right(group: str) -> list[batching.Sample]:
     return [dataclasses.replace(s, reward=1.0, group_id=group) for s in two_groups()[:4]]
 
 
-def weights(made: learner.Trainer) -> dict[str, torch.Tensor]:
+def weights(made: learner.Learner) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in made.model.state_dict().items()}
 
 

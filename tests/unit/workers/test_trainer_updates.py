@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from tests.unit.workers.trainer_batches import two_groups
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers import learner
+from polyrl.workers.trainer import learner
 
 
 def spec(updates: int) -> RLJobSpec:
@@ -32,14 +32,14 @@ def spec(updates: int) -> RLJobSpec:
     )
 
 
-def make(workdir: Path, updates: int) -> learner.Trainer:
+def make(workdir: Path, updates: int) -> learner.Learner:
     job = spec(updates)
-    made = learner.Trainer(job.policies[0], job.algorithm, workdir=workdir)
+    made = learner.Learner(job.policies[0], job.algorithm, workdir=workdir)
     made.sync_from_leader()
     return made
 
 
-def adam_steps(made: learner.Trainer) -> set[float]:
+def adam_steps(made: learner.Learner) -> set[float]:
     return {float(state["step"]) for state in made.optimizer.state.values()}
 
 

@@ -87,7 +87,7 @@ def test_held_out_shows_each_held_out_problem_right_and_wrong() -> None:
 
 def test_the_solver_warms_up_on_answers_and_the_verifier_on_verdicts() -> None:
     from polyrl.api.resources import RLJobSpec
-    from polyrl.workers import roles
+    from polyrl.workers.workflows import interface as roles
 
     def spec(workflow: str, policies: int = 2) -> RLJobSpec:
         return RLJobSpec.model_validate(

@@ -8,19 +8,19 @@ from pathlib import Path
 import pytest
 
 from polyrl.api.resources import ModelSource, TaskSpec
-from polyrl.workers import model as models
 from polyrl.workers import tasks
-from polyrl.workers.scoring import Scorer
+from polyrl.workers.models import loading as models
+from polyrl.workers.trainer.scoring import ModelScorer
 from polyrl.workers.workflows.solver_verifier import evaluation, exam, verdicts
 
 TASK = tasks.load_task(TaskSpec(name="arithmetic"))
 
 
-def scorer(tmp_path: Path, name: str) -> Scorer:
+def scorer(tmp_path: Path, name: str) -> ModelScorer:
     model, tokenizer = models.make_model(
         ModelSource(path=f"tiny-llama://{name}", dtype="float32"), cache_dir=tmp_path
     )
-    return Scorer(model, tokenizer, max_new_tokens=5, answer_tokens=4)
+    return ModelScorer(model, tokenizer, max_new_tokens=5, answer_tokens=4)
 
 
 def test_the_exam_holds_the_solvers_answers_each_right_or_wrong_by_the_task() -> None:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from polyrl.workers import model as tiny
-from polyrl.workers import warmup
+from polyrl.workers.models import loading as tiny
 from polyrl.workers.tasks import arithmetic, base
+from polyrl.workers.trainer import warmup
 
 
 @pytest.fixture(autouse=True)

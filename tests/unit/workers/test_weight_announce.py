@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from polyrl.workers.deltas.announce import ObjectKind, WeightAnnouncement, message_id
+from polyrl.workers.weightsync.announce import ObjectKind, WeightAnnouncement, message_id
 
 
 def announcement(**changes: object) -> WeightAnnouncement:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from polyrl.api.launch import EXIT_INVALID_INPUT, EXIT_UNAVAILABLE, TERMINATION_LOG_ENV
-from polyrl.workers import errors, runtime
+from polyrl.workers import errors
+from polyrl.workers.runtime import worker as runtime
 
 
 def test_a_refused_input_exits_2_and_says_so_in_the_termination_message(

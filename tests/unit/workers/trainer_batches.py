@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polyrl.workers import batching
+from polyrl.workers.trainer import batching
 
 
 def two_groups() -> list[batching.Sample]:

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from polyrl.workers import checkpoint
-from polyrl.workers import model as models
+from polyrl.workers.models import loading as models
+from polyrl.workers.trainer import checkpoint
 
 NATS_SCHEMES = ("nats://", "tls://")
 
@@ -112,10 +112,9 @@ async def _fetch(
     import nats
 
     from polyrl.api.naming import JobNames
-    from polyrl.workers import bundle
-    from polyrl.workers.deltas import announce
-    from polyrl.workers.deltas.store import WeightStore
-    from polyrl.workers.deltas.sync import WeightSync
+    from polyrl.workers.weightsync import announce, bundle
+    from polyrl.workers.weightsync.store import WeightStore
+    from polyrl.workers.weightsync.sync import WeightSync
 
     try:
         nc = await nats.connect(server, connect_timeout=5, max_reconnect_attempts=0)

@@ -22,9 +22,10 @@ import sys
 from pathlib import Path
 
 from polyrl.api.resources import PolicySpec, RLJobSpec
-from polyrl.workers import roles as policy_roles
-from polyrl.workers import sources, tasks
+from polyrl.workers import tasks
 from polyrl.workers.errors import ConfigError
+from polyrl.workers.models import sources
+from polyrl.workers.workflows import interface as policy_roles
 
 log = logging.getLogger("polyrl.preflight")
 
@@ -51,7 +52,8 @@ def roles(spec: RLJobSpec) -> dict[str, policy_roles.PolicyRole]:
 def policy_model(policy: PolicySpec, *, cache_dir: Path | None = None) -> None:
     """`policy`'s model can be trained (config and tokenizer only, no weights); a warning in
     the log when its trainer's declared memory is below what the model needs (`memory`)."""
-    from polyrl.workers import memory, model  # transformers: not for the workflow runner
+    from polyrl.workers.models import loading as model  # transformers: not for the workflow runner
+    from polyrl.workers.models import memory
 
     try:
         model.check_source(policy.model, cache_dir=cache_dir)
@@ -101,7 +103,7 @@ def trainer_then(argv: list[str]) -> int:
     """`polyrl worker trainer <launcher> ...`: check the trainer's input (its policy, the
     job's workflow and task, its model's files), then become `<launcher>` (torchrun), or
     exit 2 saying what is wrong, as every worker does."""
-    from polyrl.workers import runtime  # nats and pydantic: no torch
+    from polyrl.workers.runtime import worker as runtime  # nats and pydantic: no torch
 
     if not argv:
         print("usage: polyrl worker trainer <launcher> [args...]", file=sys.stderr)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from polyrl.workers import tinybpe
-from polyrl.workers.engines import torch_engine
-from polyrl.workers.engines.base import SamplingParams
+from polyrl.workers.models import tinybpe
+from polyrl.workers.rollout.engines import torch_engine
+from polyrl.workers.rollout.engines.base import SamplingParams
 
 pytestmark = pytest.mark.gpu
 

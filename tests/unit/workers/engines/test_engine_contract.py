@@ -28,9 +28,9 @@ import torch
 from tests.unit.workers.engines.teacher_forcing import teacher_forced_logprobs
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from polyrl.workers import engines
-from polyrl.workers.engines import base
-from polyrl.workers.engines.base import SamplingParams
+from polyrl.workers.rollout import engines
+from polyrl.workers.rollout.engines import base
+from polyrl.workers.rollout.engines.base import SamplingParams
 
 SEED = 0
 OTHER_SEED = 1

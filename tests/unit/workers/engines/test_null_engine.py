@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polyrl.workers.engines.base import Engine, SamplingParams
-from polyrl.workers.engines.null_engine import CANNED_LOGPROB, NullEngine
+from polyrl.workers.rollout.engines.base import Engine, SamplingParams
+from polyrl.workers.rollout.engines.null_engine import CANNED_LOGPROB, NullEngine
 
 
 def test_it_is_an_engine_and_answers_every_prompt_with_the_tokens_asked_for() -> None:

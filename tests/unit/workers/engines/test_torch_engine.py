@@ -14,9 +14,9 @@ import torch
 from tests.unit.workers.engines.teacher_forcing import teacher_forced_logprobs
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from polyrl.workers import engines
-from polyrl.workers.engines import base, torch_engine, vllm_engine
-from polyrl.workers.engines.base import SamplingParams
+from polyrl.workers.rollout import engines
+from polyrl.workers.rollout.engines import base, torch_engine, vllm_engine
+from polyrl.workers.rollout.engines.base import SamplingParams
 
 
 def tiny_llama(seed: int = 0, **overrides: Any) -> LlamaForCausalLM:

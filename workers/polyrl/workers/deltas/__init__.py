@@ -7,8 +7,5 @@ nothing. Refusals are `errors.DeltaError`s and leave the target as it was. `form
 container byte by byte, `sections` the encoding of changed elements (`polyrl bench delta`
 measures size and speed). Pure functions of bytes and tensors: no networking, no operator dependency.
 
-Moving the objects is separate, on top of the codec: `chain` names them and plans a replica's
-way to the latest version (and what retention may delete), `store` writes and reads them in the
-policy's Object Store bucket (`bulk` is its fast receive path), `announce` is the wire message
-that says a version is ready, `publish` is the trainer's side and `sync` the replica's.
+Moving the objects over NATS is `polyrl.workers.weightsync`, on top of the codec.
 """

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrl.api import taskparams
-from polyrl.workers.sources import resolve_data
+from polyrl.workers.models.sources import resolve_data
 from polyrl.workers.tasks import base, rewards
 
 NAME = taskparams.NAME

@@ -10,8 +10,8 @@ any `module:attribute` instead. docs/workflows.md shows how to write one.
 
 from __future__ import annotations
 
-from polyrl.workers.episode import Episode
-from polyrl.workers.roles import (
+from polyrl.workers.workflows.episode import Episode
+from polyrl.workers.workflows.interface import (
     BUILTIN,
     Evaluator,
     Handoff,

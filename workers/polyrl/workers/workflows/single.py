@@ -8,10 +8,10 @@ is scored by greedy accuracy on the task's held-out split.
 from __future__ import annotations
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers.episode import Episode
-from polyrl.workers.roles import PolicyRole, TaskAccuracy
 from polyrl.workers.tasks import base
 from polyrl.workers.tasks.rewards import RewardFailed
+from polyrl.workers.workflows.episode import Episode
+from polyrl.workers.workflows.interface import PolicyRole, TaskAccuracy
 
 
 class Single:

@@ -21,10 +21,10 @@ import random
 from typing import Any
 
 from polyrl.api.resources import RLJobSpec
-from polyrl.workers.episode import Episode
-from polyrl.workers.roles import PolicyRole
 from polyrl.workers.tasks import base
 from polyrl.workers.tasks.rewards import RewardFailed
+from polyrl.workers.workflows.episode import Episode
+from polyrl.workers.workflows.interface import PolicyRole
 from polyrl.workers.workflows.solver_verifier import evaluation, verdicts
 from polyrl.workers.workflows.solver_verifier.judging import JudgedAccuracy
 

@@ -12,14 +12,10 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from polyrl.workers.roles import Handoff, TaskAccuracy
 from polyrl.workers.tasks import base
+from polyrl.workers.workflows.interface import Handoff, Scorer, TaskAccuracy
 from polyrl.workers.workflows.solver_verifier import exam, verdicts
-
-if TYPE_CHECKING:  # a scorer holds a model: loading the workflow imports no torch
-    from polyrl.workers.scoring import Scorer
 
 log = logging.getLogger("polyrl.exam")
 VERIFIER_PROBLEMS = 500  # each shown right and wrong: 1,000 verdicts

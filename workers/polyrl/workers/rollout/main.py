@@ -1,0 +1,118 @@
+"""Building a rollout worker: the policy's model bundle and first weights, from NATS.
+
+`polyrl worker rollout` (`polyrl.workers.main`) connects, then `build_rollout` fetches the
+config and tokenizer the trainer published (`weightsync.bundle`), builds the model empty,
+loads the latest announced weights into an engine and hands all of it to the `RolloutWorker`.
+A pod asked to stop while it waits (deleted before its trainer published anything) ends at
+once instead of at its grace period's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from polyrl.workers.errors import ConfigError, Stopped
+from polyrl.workers.models import prompts
+from polyrl.workers.runtime.worker import Runtime, torch_threads
+from polyrl.workers.weightsync import bundle
+from polyrl.workers.weightsync.store import WeightStore
+
+if TYPE_CHECKING:
+    from polyrl.workers.rollout.worker import ModelFacts, RolloutWorker
+
+log = logging.getLogger("polyrl.worker")
+T = TypeVar("T")
+
+
+async def build_rollout(
+    rt: Runtime, *, device: str = "cpu", bundle_timeout: float = 300.0
+) -> RolloutWorker:
+    """A rollout worker serving the policy's first published weights (`Stopped` if it is
+    asked to stop before it has them).
+
+    torch and transformers are imported here, not with the module: the workflow runner shares
+    this entry point and needs neither, and on a machine running the whole job their import
+    (some 20 s of CPU each) competes with the trainers' start.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from polyrl.workers.rollout.engines import make_engine
+    from polyrl.workers.rollout.weights import EngineWeights
+    from polyrl.workers.rollout.worker import RolloutWorker
+
+    torch.set_num_threads(torch_threads())
+    policy = rt.config.spec.policy(rt.config.policy or "")
+    if policy is None:
+        raise ConfigError(f"policy {rt.config.policy!r} is not in the job's spec")
+    scratch = Path(tempfile.mkdtemp(prefix="polyrl-model-"))
+    try:
+        directory = await until_stopped(
+            rt, bundle.fetch(rt.js, rt.names, policy.name, scratch, timeout=bundle_timeout)
+        )
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForCausalLM.from_config(config, dtype=policy.model.dtype)  # type: ignore[no-untyped-call]
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        facts = model_facts(directory, config, tokenizer)
+    finally:  # the weights come from the weight store; the files are not needed again
+        shutil.rmtree(scratch, ignore_errors=True)
+    engine = make_engine(
+        str(policy.rollout.engine),
+        model,
+        device=device,
+        max_batch_size=policy.rollout.max_batch_size,
+    )
+    log.info(
+        "%s engine on %s (python environment %s)", policy.rollout.engine, engine.device, sys.prefix
+    )
+    store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
+    weights = EngineWeights(
+        rt.js, rt.names, policy.name, store, malformed=rt.malformed_announcements(policy.name)
+    )
+    # Version 0 is announced right after the bundle; poll NATS for it (nothing to wait on).
+    while await weights.update(engine) is None and weights.version is None:
+        if rt.stopping.is_set():
+            raise Stopped("stopped before the first weights were announced")
+        await asyncio.sleep(0.5)
+    return RolloutWorker(rt, engine, tokenizer, weights, model=facts)
+
+
+async def until_stopped(rt: Runtime, work: Coroutine[Any, Any, T]) -> T:
+    """`work`'s result; `Stopped` once the worker is asked to stop first (SIGTERM: a pod
+    deleted while it waits for its model ends at once, not at its grace period's end)."""
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(rt.stopping.wait())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise Stopped("stopped while waiting for the model bundle")
+
+
+def model_facts(directory: Path, config: Any, tokenizer: Any) -> ModelFacts:
+    """Stop ids (the tokenizer's EOS and every EOS the model's config and generation config
+    list: an instruct model ends a turn with one, the base text with another), the model's
+    vocabulary and its context."""
+    from transformers import GenerationConfig
+
+    from polyrl.workers.rollout.worker import ModelFacts
+
+    stops: list[int] = []
+    sources: list[Any] = [tokenizer.eos_token_id, getattr(config, "eos_token_id", None)]
+    if (directory / "generation_config.json").exists():
+        sources.append(GenerationConfig.from_pretrained(directory).eos_token_id)
+    for value in sources:
+        for token in value if isinstance(value, list) else [value]:
+            if isinstance(token, int) and token not in stops:
+                stops.append(token)
+    text = getattr(config, "get_text_config", lambda: config)()
+    vocab = int(getattr(text, "vocab_size", len(tokenizer)))
+    return ModelFacts(tuple(stops), vocab, prompts.context_of(text.to_dict()))

@@ -1,0 +1,98 @@
+"""A rollout worker's weight source: announcements in, verified weights into the engine.
+
+Wraps `deltas.sync.WeightSync` for one engine: it reads the policy's latest announcement,
+brings the weights there (delta chain or keyframe, whichever is cheaper; a refused object
+means a resync from a keyframe), then makes the engine serve them. Where the engine's
+weights are live tensors the codec patched the model itself; otherwise the verified host
+copy is pushed with `load_weights`. Only verified weights ever reach the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from nats.js import JetStreamContext
+
+from polyrl.api.naming import JobNames
+from polyrl.workers.rollout.engines.base import Engine
+from polyrl.workers.weightsync import announce
+from polyrl.workers.weightsync.store import WeightStore
+from polyrl.workers.weightsync.sync import SyncFailed, SyncReport, WeightSync
+
+log = logging.getLogger("polyrl.weights")
+
+
+class EngineWeights:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        names: JobNames,
+        policy: str,
+        store: WeightStore,
+        *,
+        malformed: announce.Malformed | None = None,
+    ) -> None:
+        self.js, self.names, self.policy = js, names, policy
+        self.malformed = malformed  # told of each malformed announcement passed over
+        self.sync = WeightSync(store)
+        self.attached = False  # sync.state is the engine's own tensors
+        self.failures = 0
+        self.last: SyncReport | None = None  # the last sync that reached its version
+
+    async def close(self) -> None:
+        await self.sync.store.close()
+
+    @property
+    def version(self) -> int | None:
+        return self.sync.version
+
+    async def update(self, engine: Engine) -> int | None:
+        """Serve the newest announced weights; the version if it changed, else None."""
+        latest = await announce.latest(self.js, self.names, self.policy, malformed=self.malformed)
+        if latest is None or (latest.version, latest.epoch) == (self.sync.version, self.sync.epoch):
+            return None
+        try:
+            report = await self.sync.follow(latest)
+        except SyncFailed as err:
+            self.failures += 1
+            log.warning(
+                "weight sync to version %d failed, still serving %s: %s",
+                latest.version,
+                self.sync.version,
+                err,
+            )
+            return None
+        started = time.perf_counter()
+        self._push(engine)
+        report.seconds += time.perf_counter() - started  # what it cost the engine, too
+        self.last = report
+        engine.version = self.sync.version or 0
+        return engine.version
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The last sync for the heartbeat (seconds, bytes read, share of weights rewritten)
+        and what was refused or failed in all."""
+        counts: dict[str, float | int | None] = {
+            "weights_refused": self.sync.refusals,
+            "sync_failures": self.failures,
+        }
+        if self.last is None:
+            return counts
+        return counts | {
+            "sync_seconds": round(self.last.seconds, 4),
+            "sync_bytes": self.last.bytes,
+            "changed_fraction": self.last.changed_fraction,
+        }
+
+    def _push(self, engine: Engine) -> None:
+        if self.attached:
+            if not engine.weights_are_live:
+                assert self.sync.state is not None
+                engine.load_weights(self.sync.state)
+            return
+        assert self.sync.state is not None
+        engine.load_weights(self.sync.state)
+        if engine.weights_are_live:
+            self.sync.state = engine.weights()  # from now on deltas patch the model in place
+            self.attached = True

@@ -1,0 +1,298 @@
+"""Rank 0's NATS side of the trainer: the bundle, weight publication, trajectories, figures.
+
+Only rank 0 talks to NATS: it publishes the model bundle and
+version 0, pulls `batchSize` fresh trajectories per step through a durable consumer
+(samples more than `maxStaleness` versions old are acked, dropped and counted), shares
+them with the other ranks, and acks them only after the step, so a crash means
+redelivery, not loss. Each rank trains on its share; gradients are averaged. After the
+step rank 0 publishes the new weights (a sparse delta, or a keyframe every
+`keyframeEvery` versions; every version is a keyframe under `weightSync: full`) while the
+next batch is pulled and trained: only the encoding of one version is in flight.
+
+Before RL, rank 0 runs what the policy's role in the workflow asks (`workflows.interface`): a supervised
+warm start on its examples (`warmstart`), its evaluation's preparation (the solver-verifier's
+exam), and the held-out figures RL starts from. The model and the GRPO step itself are
+`learner.Learner`; the loop that drives both is `loop`, and `__main__` the process's entry.
+Checkpoints (`checkpoint`) every `checkpointEvery` steps and on exit; a restarted trainer
+resumes in a new epoch and numbers versions after the last one announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.errors import APIError
+from pydantic import ValidationError
+
+from polyrl.api import natsconfig
+from polyrl.api.naming import JobNames
+from polyrl.api.resources import WeightSync
+from polyrl.api.wire import Trajectory
+from polyrl.workers.deltas.encoders.process import ProcessEncoder
+from polyrl.workers.errors import StorageFull
+from polyrl.workers.models import loading as models
+from polyrl.workers.models import prompts
+from polyrl.workers.runtime import outage
+from polyrl.workers.runtime.worker import MetricsLog, Runtime
+from polyrl.workers.trainer import grpo, warmstart
+from polyrl.workers.trainer.learner import Learner
+from polyrl.workers.trainer.scoring import ModelScorer
+from polyrl.workers.weightsync import announce, bundle, retention
+from polyrl.workers.weightsync.publish import WeightPublisher
+from polyrl.workers.weightsync.store import WeightStore
+from polyrl.workers.workflows import interface as roles
+
+log = logging.getLogger("polyrl.trainer")
+CONSUMER = JobNames.trainer_consumer
+
+
+async def pull_batch(
+    rt: Runtime, sub: Any, want: int, *, version: int, max_staleness: int
+) -> tuple[list[Trajectory], list[Msg], list[str]]:
+    """`want` fresh trajectories with their messages (ack later), and the stale ones' ids."""
+    kept: list[Trajectory] = []
+    msgs: list[Msg] = []
+    dropped: list[str] = []
+    while len(kept) < want and not rt.stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            for msg in await sub.fetch(want - len(kept), timeout=1.0):
+                try:
+                    trajectory = Trajectory.model_validate_json(msg.data)
+                except ValidationError as err:
+                    await rt.dead_letter(msg.subject, msg.data, f"malformed trajectory: {err}")
+                    await msg.term()
+                    continue
+                fresh, stale = grpo.filter_stale(
+                    [trajectory], current_version=version, max_staleness=max_staleness
+                )
+                if stale:
+                    dropped.append(trajectory.id)
+                    await msg.ack()
+                else:
+                    kept.extend(fresh)
+                    msgs.append(msg)
+    return kept, msgs, dropped
+
+
+class NatsHandoff:
+    """`roles.Handoff` over the job's NATS: objects beside each policy's weights."""
+
+    def __init__(self, rt: Runtime, policy: str) -> None:
+        self.rt, self.policy = rt, policy
+
+    async def publish(self, name: str, data: bytes) -> None:
+        store = await self.rt.js.object_store(self.rt.names.weights_bucket(self.policy))
+        await store.put(name, data)
+
+    async def fetch(self, policy: str, name: str, *, timeout: float) -> bytes | None:
+        return await bundle.wait_for_object(
+            self.rt.js, self.rt.names, policy, name, timeout=timeout, poll=0.5
+        )
+
+
+class Leader:
+    """Rank 0's NATS side: bundle, weight publication, trajectories, heartbeats, metrics."""
+
+    def __init__(self, rt: Runtime, trainer: Learner, role: roles.PolicyRole) -> None:
+        self.rt, self.trainer, self.role = rt, trainer, role
+        self.policy = trainer.policy
+        self.publishing: asyncio.Task[Any] | None = None
+        # Started now, so that its imports overlap the warm-up; encoding in a process of its own
+        # keeps it from slowing the training steps it runs beside (`encoders`).
+        self.encoder = ProcessEncoder()
+        self.started = time.monotonic()  # reset once training starts (after the warm-up)
+        self.waited = 0.0
+        self.stale_dropped = 0  # samples dropped as too old, since this trainer started
+        self.bucket_limit = 0  # messages the weights bucket may hold (`bound_bucket`)
+        self.metrics = MetricsLog.from_env()
+        spec = rt.config.spec
+        self.scorer = ModelScorer(
+            trainer.model,
+            prompts.for_training(trainer.tokenizer, self.policy.model.prompt_format),
+            roles.budget(role, spec, self.policy),
+            spec.algorithm.max_new_tokens,
+        )
+
+    async def start(self) -> Any:
+        # Config and tokenizer first: the workflow runner encodes this policy's prompts with
+        # them, and neither changes in the warm-up.
+        export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
+        try:
+            models.export(self.trainer.model, self.trainer.tokenizer, export)
+            await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
+        finally:
+            shutil.rmtree(export, ignore_errors=True)
+        await self.warm_up_and_evaluate()
+        store = await WeightStore.open(self.rt.js, self.rt.names.weights_bucket(self.policy.name))
+        every = 1 if self.policy.weight_sync == WeightSync.FULL else self.policy.keyframe_every
+        last = await announce.latest(self.rt.js, self.rt.names, self.policy.name)
+        if last is not None and last.epoch >= self.trainer.state.epoch:
+            # Resumed from a checkpoint an earlier life already resumed from: its epoch
+            # would repeat. Each life of the trainer announces under an epoch of its own.
+            self.trainer.state.epoch = last.epoch + 1
+        self.publisher = WeightPublisher(
+            store,
+            self.rt.names,
+            self.policy.name,
+            keyframe_every=every,
+            epoch=self.trainer.state.epoch,
+            encoder=self.encoder,
+        )
+        await self.bound_bucket(store, every)
+        first = max(self.trainer.state.version, last.version if last else -1) + 1
+        await self.publisher.publish(self.trainer.bf16(), version=first)
+        self.trainer.state.version = first
+        self.started = time.monotonic()
+        self.stage("training")
+        return await self.rt.js.pull_subscribe(
+            self.rt.names.trajectories_subject(self.policy.name),
+            durable=CONSUMER,
+            stream=self.rt.names.trajectories_stream(self.policy.name),
+        )
+
+    async def warm_up_and_evaluate(self) -> None:
+        """The warm start (held-out figures before it, when both run), what the policy's
+        role runs before RL, and the held-out figures RL starts from, as step 0."""
+        state, spec = self.trainer.state, self.rt.config.spec
+        resumed = state.step > 0 or state.epoch > 0
+        warming = warmstart.will_run(self.policy, self.role.warmup, resumed=resumed)
+        self.stage("evaluating")
+        before = await asyncio.to_thread(self.evaluate) if warming else {}
+        self.stage("warming up" if warming else "starting")
+        warmed = await asyncio.to_thread(
+            warmstart.warm_start,
+            self.trainer.model,
+            self.scorer.tokenizer,
+            self.policy,
+            self.role.warmup,
+            seed=spec.workflow.task.seed,
+            max_new_tokens=self.scorer.max_new_tokens,
+            resumed=resumed,
+        )
+        if warmed:
+            log.info("supervised warm-up: %s", warmed)
+        await asyncio.to_thread(self.trainer.sync_from_leader)
+        if self.role.evaluator is not None:
+            self.stage("preparing its evaluation")
+            handoff = NatsHandoff(self.rt, self.policy.name)
+            await self.role.evaluator.prepare(handoff, self.scorer, first=state.step == 0)
+        self.stage("evaluating")
+        start = await asyncio.to_thread(self.evaluate)
+        if start and state.step == 0:  # where RL starts from, as step 0
+            figures = {**start, **warmstart.prefixed(warmed)}
+            figures |= warmstart.prefixed(before, "before_warmup_")
+            self.write_metrics({"step": 0, "version": 0, **figures})
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out figures every `evalEvery` steps (and at step 0), with `held_out`, the
+        evaluator's headline, which status and plots lead with."""
+        evaluator, every = self.role.evaluator, self.policy.trainer.eval_every
+        if evaluator is None or every == 0 or self.trainer.state.step % every:
+            return {}
+        figures = evaluator.evaluate(self.scorer)
+        log.info(  # on a cluster, where no metrics.jsonl is written, the log has them
+            "held-out at step %d: %s",
+            self.trainer.state.step,
+            ", ".join(f"{k} {v:.4g}" for k, v in sorted(figures.items())),
+        )
+        held_out = figures.get(evaluator.headline)
+        if held_out is not None:
+            figures["held_out"] = held_out
+            self.rt.figures["held_out"] = held_out
+        return figures
+
+    async def bound_bucket(self, store: WeightStore, keyframe_every: int) -> None:
+        """Limit the weights bucket to what retention keeps for a model of this size."""
+        model_bytes = sum(t.numel() * 2 for t in self.trainer.model.state_dict().values())
+        self.bucket_limit = natsconfig.weights_bucket_messages(
+            model_bytes, store.chunk_size, keyframe_every, retention.KEEP_KEYFRAMES
+        )
+        await natsconfig.bound_weights(
+            self.rt.js, self.rt.names, self.policy.name, self.bucket_limit
+        )
+        log.info(
+            "weights bucket bounded at %d messages (%d MiB of bf16 weights, chunks of %d KiB)",
+            self.bucket_limit, model_bytes >> 20, store.chunk_size >> 10,
+        )  # fmt: skip
+
+    async def publish_next(self, *, final: bool = False) -> None:
+        """Publish the just-trained weights off the critical path (one in flight); `final`:
+        the last version, after which this trainer stops."""
+        if self.publishing is not None:
+            await self.publishing
+        version = self.trainer.state.version + 1
+        self.trainer.state.version = version
+        self.publishing = asyncio.create_task(self._publish(version, final=final))
+        # Said at once, not at the next periodic heartbeat: the workflow runner asks for the
+        # samples of later batches at this version (`staleness`), which rollouts serve once it lands.
+        self.rt.figures["weight_version"] = version
+        await self.rt.beat()
+
+    async def _publish(self, version: int, *, final: bool) -> None:
+        """Publish `version`, then prune the bucket (`retention`): nothing a live replica or a
+        new one needs goes, and the bucket stays bounded however long the job runs."""
+        state = self.trainer.bf16()
+        try:  # a retry rewrites the same objects; the announcements carry message ids
+            await outage.retry(
+                lambda: self.publisher.publish(state, version=version, final=final),
+                what=f"publishing weight version {version}",
+            )
+        except APIError as err:
+            if not natsconfig.is_full(err):
+                raise
+            raise StorageFull(
+                f"weights bucket {self.rt.names.weights_bucket(self.policy.name)} is full "
+                f"({self.bucket_limit} messages, what retention keeps for this model with "
+                f"keyframeEvery {self.policy.keyframe_every}): version {version} not published"
+            ) from err
+        try:
+            live = await retention.live_versions(self.rt.kv, self.policy.name)
+            await retention.prune(self.publisher, live)
+        except Exception as err:  # a prune is retried after the next version; never fatal
+            log.warning("pruning the weights bucket failed (retried next version): %s", err)
+
+    def record(self, stats: dict[str, float], *, dropped: int, seconds: float) -> None:
+        state = self.trainer.state
+        self.waited += stats.get("wait_seconds", 0.0)
+        elapsed = time.monotonic() - self.started
+        # The pace ETAs are made of (waiting for samples included): smoothed, so one slow
+        # step (an evaluation) moves it little.
+        pace = self.rt.figures.get("step_seconds")
+        wall = seconds + stats.get("wait_seconds", 0.0)
+        self.stale_dropped += dropped
+        self.rt.figures |= {  # held_out stays as the last evaluation left it
+            "step": state.step,
+            "weight_version": state.version,
+            "reward": stats.get("reward"),
+            "idle_fraction": min(1.0, self.waited / elapsed) if elapsed > 0 else None,
+            "step_seconds": round(wall if pace is None else 0.8 * pace + 0.2 * wall, 3),
+            "staleness_p50": stats.get("staleness_p50"),
+            "staleness_p95": stats.get("staleness_p95"),
+            "stale_dropped": self.stale_dropped,
+        }
+        if self.rt.exported is not None:
+            self.rt.exported.observe_staleness(self.trainer.last_ages)
+        self.write_metrics(
+            {
+                "step": state.step,
+                "version": state.version,
+                "stale_dropped": dropped,
+                "step_seconds": round(seconds, 4),
+                **stats,
+            }
+        )
+
+    def write_metrics(self, figures: dict[str, Any]) -> None:
+        self.metrics.write([{"policy": self.policy.name, **figures, "time": time.time()}])
+
+    def stage(self, stage: str) -> None:
+        """What the trainer does now, for the run's progress display."""
+        self.metrics.stage(self.policy.name, stage)

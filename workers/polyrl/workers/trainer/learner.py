@@ -1,0 +1,247 @@
+"""The learner: a policy's model, its optimizer and one GRPO step, with no I/O.
+
+`Learner` is what every rank of a policy's trainer holds: the model (float32 for training,
+cast to bf16 for publishing), AdamW, the step counters a checkpoint carries, and the GRPO
+update with truncated importance sampling against the behaviour log-probs. Rank 0 alone talks
+to NATS (`trainer.Leader`); this module is testable on its own, one rank or several.
+
+With `algorithm.klCoef > 0` every rank keeps a frozen copy of the policy RL started from
+(after the warm start) and adds the k3 KL to it to the loss; the copy is checkpointed with
+the weights, so a resumed trainer is held to the same anchor.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from polyrl.api.resources import AlgorithmSpec, PolicySpec, UniformGroups
+from polyrl.api.wire import Trajectory
+from polyrl.workers.models import loading as models
+from polyrl.workers.trainer import batching, checkpoint, grpo
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Fixed:
+    """A micro-batch's log-probs that stay fixed over its batch's updates."""
+
+    prox: torch.Tensor  # the trainer's own, before the batch's first update
+    reference: torch.Tensor | None  # the KL anchor's, when klCoef > 0
+
+
+class Learner:
+    """The model, its optimizer and one GRPO step (no I/O: testable on its own)."""
+
+    def __init__(
+        self,
+        policy: PolicySpec,
+        algo: AlgorithmSpec,
+        *,
+        workdir: Path,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.policy, self.algo, self.rank, self.world = policy, algo, rank, world
+        source = policy.model.model_copy(update={"dtype": "float32"})
+        self.model, self.tokenizer = models.make_model(source, cache_dir=workdir / "models")
+        opt = policy.trainer.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
+        )
+        self.checkpoint_dir = workdir / "checkpoint"
+        self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
+        self.reference: torch.nn.Module | None = None  # see `freeze_reference`
+        self.last_ages: dict[int, int] = {}  # the last batch's samples by age, in versions
+
+    def save(self) -> None:
+        checkpoint.save(
+            self.checkpoint_dir,
+            self.model,
+            self.optimizer,
+            self.state,
+            tokenizer=self.tokenizer,
+            reference=self.reference,
+        )
+
+    def freeze_reference(self) -> None:
+        """The KL term's anchor (klCoef > 0): the policy RL starts from, frozen.
+
+        That is the model after the warm start, or the checkpoint's saved anchor on resume
+        (not the resumed weights, which RL has already moved). Rank 0's copy is broadcast, so
+        every rank is held to the same one.
+        """
+        if self.algo.kl_coef == 0:
+            return
+        reference = copy.deepcopy(self.model)
+        saved = checkpoint.load_reference(self.checkpoint_dir) if self.rank == 0 else None
+        if saved is not None:
+            reference.load_state_dict(saved, strict=False)
+        if self.world > 1:
+            for tensor in reference.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        torch.nn.Module.eval(reference)  # transformers' `eval` is untyped
+        self.reference = reference.requires_grad_(False)
+
+    def bf16(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+
+    def step(self, samples: list[batching.Sample]) -> dict[str, float]:
+        """`updatesPerBatch` optimizer steps over this rank's share of `samples`.
+
+        With `trainer.uniformGroups` skip or refill only the groups whose rewards differ are
+        trained on. Every rank sees every sample, so all agree whether anything is left to train.
+        """
+        self.model.train()
+        scored = batching.assign_advantages(samples)
+        skip = self.policy.trainer.uniform_groups != UniformGroups.KEEP
+        trained = batching.informative(scored) if skip else scored
+        stats: dict[str, float] = {}
+        if trained:
+            shard = trained[self.rank :: self.world]  # empty on a rank past a small batch
+            pad = int(self.tokenizer.pad_token_id or 0)
+            batch = batching.collate(shard, pad) if shard else None
+            # Token-mean over the whole step's tokens, divided by the world size because the
+            # gradient all-reduce averages over ranks.
+            step_tokens = max(1.0, sum(map(batching.trained_tokens, trained)) / self.world)
+            fixed: list[_Fixed] = []
+            for _ in range(self.policy.trainer.updates_per_batch):
+                stats = self._update(batch, step_tokens, fixed)
+        self.state.step += 1
+        stats["reward"] = sum(s.reward for s in samples) / len(samples)
+        stats["trained_fraction"] = len(trained) / len(samples)
+        # Staleness: the mean age of the batch's samples in weight versions, and the share of
+        # each age (`staleness_<age>`): whether maxStaleness drops much, or rollouts keep up.
+        ages = grpo.age_histogram(samples, current_version=self.state.version)
+        stats["staleness"] = sum(age * n for age, n in ages.items()) / len(samples)
+        stats |= {f"staleness_{age}": n / len(samples) for age, n in ages.items()}
+        stats["staleness_p50"] = grpo.age_quantile(ages, 0.5)
+        stats["staleness_p95"] = grpo.age_quantile(ages, 0.95)
+        self.last_ages = ages  # for the Prometheus histogram (`polyrl.workers.runtime.prometheus`)
+        return stats
+
+    def _update(
+        self, batch: batching.Batch | None, step_tokens: float, fixed: list[_Fixed]
+    ) -> dict[str, float]:
+        """One optimizer step over `batch`; a rank without a share (None) still joins the
+        gradient all-reduce, with zero gradients, so that every rank takes the same step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = {} if batch is None else self._backward(batch, step_tokens, fixed)
+        self._average_gradients()
+        settings = self.policy.trainer.optimizer
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = scheduled_lr(self.state.step, settings.lr, settings.lr_warmup_steps)
+        self.optimizer.step()
+        return stats
+
+    def _backward(
+        self, batch: batching.Batch, step_tokens: float, fixed: list[_Fixed]
+    ) -> dict[str, float]:
+        """Accumulate the loss gradient of `batch`, micro-batch by micro-batch.
+
+        `fixed` holds what stays constant across a batch's updates, per micro-batch; the first
+        update fills it. Its log-probs are the PPO clip's anchor (`prox`), so later updates of
+        the same batch stay within the clip of the policy the batch started from.
+        """
+        stats: dict[str, float] = {}
+        micro = self.policy.trainer.micro_batch_size
+        for index, start in enumerate(range(0, batch.input_ids.shape[0], micro)):
+            part = slice(start, start + micro)
+            new = self._logprobs(self.model, batch, part)
+            if index == len(fixed):
+                fixed.append(_Fixed(new.detach(), self._reference_logprobs(batch, part)))
+            loss, stats = grpo.grpo_loss(
+                new,
+                batch.old_logprobs[part],
+                batch.advantages[part],
+                batch.loss_mask[part],
+                clip_low=self.algo.clip_low,
+                clip_high=self.algo.clip_high,
+                tis_cap=self.algo.tis_cap,
+                prox_logprobs=fixed[index].prox,
+                num_tokens=step_tokens,
+                kl_coef=self.algo.kl_coef if fixed[index].reference is not None else 0.0,
+                ref_logprobs=fixed[index].reference,
+            )
+            loss.backward()  # type: ignore[no-untyped-call]
+        return stats
+
+    def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._logprobs(self.reference, batch, part)
+
+    def _logprobs(self, model: Any, batch: batching.Batch, part: slice) -> torch.Tensor:
+        """`model`'s log-probs of the completion tokens of rows `part`, at sampling temperature."""
+        logits = model(
+            input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
+        ).logits
+        return batching.token_logprobs(
+            logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
+        )
+
+    def _average_gradients(self) -> None:
+        if self.world == 1:
+            return
+        for param in self.model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad)
+            param.grad /= self.world
+
+    def sync_from_leader(self) -> None:
+        """Give every rank rank 0's weights, optimizer state and counters.
+
+        Rank 0 alone warms up and resumes from the checkpoint (other ranks may be on other
+        nodes, without it); from then on identical starts and averaged gradients keep the
+        ranks identical.
+        """
+        if self.world > 1:
+            for tensor in self.model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+            shared: list[Any] = [self.optimizer.state_dict(), self.state]
+            dist.broadcast_object_list(shared, src=0)
+            if self.rank != 0:
+                self.optimizer.load_state_dict(shared[0])
+                self.state = shared[1]
+        self.freeze_reference()
+
+
+def scheduled_lr(step: int, lr: float, warmup_steps: int) -> float:
+    """The learning rate of RL step `step` (0-based): a linear ramp to `lr` over `warmup_steps`.
+
+    A function of the step counter alone, which checkpoints carry, so a resumed trainer picks
+    the ramp up where it stopped without a scheduler's state.
+    """
+    if warmup_steps <= 0:
+        return lr
+    return lr * min(1.0, (step + 1) / warmup_steps)
+
+
+def to_samples(trajectories: list[Trajectory]) -> list[batching.Sample]:
+    return [
+        batching.Sample(
+            prompt_ids=t.prompt_tokens,
+            completion_ids=t.tokens,
+            behaviour_logprobs=t.logprobs,
+            reward=t.reward,
+            group_id=t.group_id,
+            weight_version=t.weight_version,
+            completion_mask=t.loss_mask,
+        )
+        for t in trajectories
+    ]
+
+
+def shuffled_rewards(samples: list[batching.Sample], *, seed: int) -> list[batching.Sample]:
+    """The control experiment's batch: the same samples with their rewards permuted."""
+    rewards = [s.reward for s in samples]
+    random.Random(seed).shuffle(rewards)
+    return [dataclasses.replace(s, reward=r) for s, r in zip(samples, rewards, strict=True)]
