@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device check for the generation engines (workers/polyrl/workers/engines): the `gpu`-marked
+# Device check for the generation engines (workers/polyrl/workers/rollout/engines): the `gpu`-marked
 # engine tests on CUDA (among them a BPE Qwen2's bfloat16 log-prob agreement with a float32
 # trainer and a sparse delta reaching its CUDA weights bit for bit), then decode throughput of
 # the torch engine, CPU against CUDA, on a model somewhat larger than the tests' tiny one.

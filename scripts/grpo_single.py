@@ -2,7 +2,7 @@
 
 docs/benchmarks.md ("Learning") compares `polyrl run` against this loop on the same model, task
 and loss: it warms a tiny Llama up on 2-digit addition to a dev accuracy, then runs GRPO
-(`polyrl.workers.grpo.grpo_loss`, the trainer's loss) on fresh samples of the torch engine with no
+(`polyrl.workers.trainer.grpo.grpo_loss`, the trainer's loss) on fresh samples of the torch engine with no
 staleness, no NATS and no verifier, and prints held-out greedy accuracy every 10 steps as JSON.
 
     .venv/bin/python scripts/grpo_single.py --reverse --target 0.2 --lr 1e-3

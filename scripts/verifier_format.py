@@ -11,7 +11,7 @@ held-out problems every 200 steps:
 * `worked`: the ones digit the verifier computes, then the verdict ("12+39=15?" -> "1y"), so the
   verdict becomes a comparison of two tokens the model can see;
 * `worked-full`: the whole answer the verifier computes, then the verdict ("15y"): the form
-  any task can use (the task's own reference answer as the working), shipped in `tasks.verify`.
+  any task can use (the task's own reference answer as the working), shipped in `workflows.solver_verifier.verdicts`.
 
     .venv/bin/python scripts/verifier_format.py --format worked-full --usual  # 0.95 at 600 steps
     .venv/bin/python scripts/verifier_format.py --format worked            # 0.50 -> 0.80 at 2,400 steps

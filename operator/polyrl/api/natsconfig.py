@@ -10,7 +10,6 @@ bucket is bounded by its trainer (`bound_weights`); heartbeats expire after a mi
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 from nats.js import JetStreamContext
@@ -159,11 +158,3 @@ async def remove(js: JetStreamContext, names: JobNames, policies: Sequence[str])
             except (BucketNotFoundError, NotFoundError):
                 continue
     return removed
-
-
-async def exists(js: JetStreamContext, names: JobNames, policy: str) -> bool:
-    try:
-        await asyncio.wait_for(js.stream_info(names.requests_stream(policy)), timeout=5)
-    except NotFoundError:
-        return False
-    return True

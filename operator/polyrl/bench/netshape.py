@@ -43,10 +43,6 @@ class ShapedProxy:
         self._open.set()
 
     @property
-    def is_cut(self) -> bool:
-        return not self._open.is_set()
-
-    @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 

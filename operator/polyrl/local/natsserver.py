@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with NatsServer(port=args.port, trust=trust) as server:
         how = f"only users of the trust in {args.trust}" if trust else "OPEN: no authentication"
-        print(f"nats-server with JetStream at {server.url}, {how} (Ctrl-C stops it)", flush=True)
+        print(f"nats-server with JetStream at {server.url} ({how}; Ctrl-C stops it)", flush=True)
         try:
             while server.proc is not None and server.proc.alive():
                 time.sleep(0.5)

@@ -10,7 +10,6 @@ reason, and no pods.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,8 +35,6 @@ from polyrl.operator import (
 from polyrl.operator.context import Context
 from polyrl.operator.grouppass import FINISHED, GroupReconcile
 from polyrl.operator.podinfo import PodInfo
-
-log = logging.getLogger("polyrl.operator.groups")
 
 
 def load(body: Mapping[str, Any]) -> PolicyGroup:

@@ -192,6 +192,7 @@ async def job_loop(
         group_bodies = list(groups_index.get((namespace, name), []))
         pods = list(pods_index.get((namespace, f"job:{name}"), []))
         if await refused.job(memo.ctx.kube, body, pods):  # Failed, saying why
+            metrics.RECONCILES.labels(kind="rljob").inc()  # a pass all the same
             return
         await jobs.reconcile(memo.ctx, body, group_bodies, pods)
         metrics.observe_pods(("job", namespace, name), pods)

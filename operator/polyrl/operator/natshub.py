@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -281,7 +280,3 @@ class NatsHub:
 
 def _figures(beat: Heartbeat) -> tuple[object, ...]:
     return (beat.state, beat.weight_version, beat.step, beat.reward)
-
-
-def now() -> float:
-    return time.time()

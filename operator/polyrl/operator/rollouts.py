@@ -26,7 +26,7 @@ from polyrl.operator.grouppass import GroupReconcile
 from polyrl.operator.podinfo import PodInfo
 
 
-async def _rollouts(p: GroupReconcile, launches: list[WorkerLaunch]) -> None:
+async def run(p: GroupReconcile, launches: list[WorkerLaunch]) -> None:
     pods = [x for x in p.pods if x.role == Role.ROLLOUT.value]
     template = launches[0] if launches else _template(p)
     await _replace_terminal(p, [x for x in pods if x.terminal and not x.deleting])

@@ -4,7 +4,7 @@ A workflow runner loads the job's workflow and task before it connects to anythi
 trainer checks its model path and its policy's role before its rendezvous; `polyrl run`
 checks all of it before it starts a process. A name that resolves to nothing, a path that is
 not a causal language model, or a trainer field that cannot take effect for its policy
-(`roles.problems`) is a `ConfigError` naming the policy and the cause: the worker exits 2
+(`workflows.interface.problems`) is a `ConfigError` naming the policy and the cause: the worker exits 2
 saying so (the operator fails the job, quoting it), `polyrl run` prints it and starts
 nothing.
 
@@ -44,7 +44,7 @@ def workflow_and_task(spec: RLJobSpec) -> tuple[policy_roles.Workflow, tasks.Tas
 
 
 def roles(spec: RLJobSpec) -> dict[str, policy_roles.PolicyRole]:
-    """Every policy's role in the job's workflow (see `roles.resolve`)."""
+    """Every policy's role in the job's workflow (see `workflows.interface.resolve`)."""
     workflow, task = workflow_and_task(spec)
     return policy_roles.resolve(workflow, spec, task)
 

@@ -1,6 +1,6 @@
 """A rollout worker's weight source: announcements in, verified weights into the engine.
 
-Wraps `deltas.sync.WeightSync` for one engine: it reads the policy's latest announcement,
+Wraps `weightsync.sync.WeightSync` for one engine: it reads the policy's latest announcement,
 brings the weights there (delta chain or keyframe, whichever is cheaper; a refused object
 means a resync from a keyframe), then makes the engine serve them. Where the engine's
 weights are live tensors the codec patched the model itself; otherwise the verified host

@@ -4,7 +4,7 @@ For a policy with `trainer.uniformGroups: refill`, in async mode, the workflow r
 send its trainer the groups whose samples all got the same reward (all right, or all wrong):
 their GRPO advantages are zero, so they would only take a place in its batch. The trainer's
 batches then fill with groups it can learn from, and the runner generates more to make up for
-the rest, which the ahead gate allows because the left-out samples never reach the trainer's
+the rest, which the staleness gate allows because the left-out samples never reach the trainer's
 queue (DAPO's dynamic sampling). Which samples make up a group is only known once the workflow
 has emitted them all, hence the hold: an episode's samples go out when it ends, or earlier
 where its workflow says the groups emitted so far are whole (`Episode.settle`), and what an

@@ -1,6 +1,6 @@
 """Turning trajectories into padded tensors, and scoring them with the trainer's model.
 
-Alignment convention, used by every tensor here and by `polyrl.workers.grpo.grpo_loss`:
+Alignment convention, used by every tensor here and by `polyrl.workers.trainer.grpo.grpo_loss`:
 all per-token tensors have the shape of `input_ids` ``[B, L]`` and position ``t`` holds the
 value *for the token* ``input_ids[:, t]`` (its log-probability given ``input_ids[:, :t]``,
 its advantage, whether it is trained on). The model's logits at ``t - 1`` predict token

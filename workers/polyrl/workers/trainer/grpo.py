@@ -4,7 +4,7 @@ Everything here is a pure function of tensors (no model, no transport), so the t
 be tested piece by piece and so the exact objective is written down in one place. Settings
 come from `polyrl.api.resources.AlgorithmSpec`: ``group_size`` (how workflow runners form
 groups), ``clip_low``/``clip_high``, ``kl_coef``, ``max_staleness``, ``tis_cap`` and
-``temperature`` (used by `polyrl.workers.batching.token_logprobs`).
+``temperature`` (used by `polyrl.workers.trainer.batching.token_logprobs`).
 
 The loss, token-level and averaged over the valid tokens of the batch, is
 
@@ -209,7 +209,7 @@ def grpo_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO loss (to minimise) with asymmetric PPO clipping, truncated IS and optional k3 KL.
 
-    Arguments are per-token ``[B, T]`` in the alignment of `polyrl.workers.batching`
+    Arguments are per-token ``[B, T]`` in the alignment of `polyrl.workers.trainer.batching`
     (`advantages` may also be per-sequence ``[B]``). `new_logprobs` carries the gradient;
     every other input is treated as a constant. Values where `mask` is False are ignored, even
     if they are inf or NaN (some engines pad with -inf).

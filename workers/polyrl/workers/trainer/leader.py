@@ -83,7 +83,7 @@ async def pull_batch(
 
 
 class NatsHandoff:
-    """`roles.Handoff` over the job's NATS: objects beside each policy's weights."""
+    """`workflows.interface.Handoff` over the job's NATS: objects beside each policy's weights."""
 
     def __init__(self, rt: Runtime, policy: str) -> None:
         self.rt, self.policy = rt, policy

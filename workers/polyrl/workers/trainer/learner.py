@@ -3,7 +3,7 @@
 `Learner` is what every rank of a policy's trainer holds: the model (float32 for training,
 cast to bf16 for publishing), AdamW, the step counters a checkpoint carries, and the GRPO
 update with truncated importance sampling against the behaviour log-probs. Rank 0 alone talks
-to NATS (`trainer.Leader`); this module is testable on its own, one rank or several.
+to NATS (`leader.Leader`); this module is testable on its own, one rank or several.
 
 With `algorithm.klCoef > 0` every rank keeps a frozen copy of the policy RL started from
 (after the warm start) and adds the k3 KL to it to the loss; the copy is checkpointed with

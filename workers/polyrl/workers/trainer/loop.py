@@ -15,6 +15,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from polyrl.api.launch import TRAINER_DIR_ENV, WorkerConfig, trainer_subdir
 from polyrl.api.messages import WorkerState
@@ -83,6 +84,15 @@ async def _train(rt: Runtime, trainer: Learner, leader: Leader) -> None:
         leader.record(stats, dropped=len(dropped), seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
             trainer.save()
+    await _finish(rt, trainer, leader, sub, last_step)
+
+
+async def _finish(
+    rt: Runtime, trainer: Learner, leader: Leader, sub: Any, last_step: int | None
+) -> None:
+    """After the last step, or on SIGTERM: stop the other ranks, let the version being
+    published land, save, and say so."""
+    state = trainer.state
     log.info("training stopped at step %d", state.step)
     if trainer.world > 1:
         await asyncio.to_thread(ranks.share_batch, None)  # tells the other ranks to stop

@@ -23,7 +23,7 @@ class ModelScorer:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     max_new_tokens: int
-    """The policy's generation budget (`roles.budget`)."""
+    """The policy's generation budget (`workflows.interface.budget`)."""
     answer_tokens: int
     """An answer's budget, algorithm.maxNewTokens (a verifier's working is one)."""
 

@@ -2,7 +2,7 @@
 
 GRPO learns from differences between a group's rewards, so a fresh policy that is never
 right learns nothing; a short supervised warm-up on the policy's warm-up examples
-(`roles.PolicyRole.warmup`: the task's answers for a solver, worked verdicts for a verifier)
+(`workflows.interface.PolicyRole.warmup`: the task's answers for a solver, worked verdicts for a verifier)
 gets it to where some samples are. It runs once, before version 0: never for a trainer that
 resumed from a checkpoint. With `trainer.warmupTargetAccuracy` it stops early once greedy
 accuracy on dev problems (drawn from the examples' own distribution, never the held-out

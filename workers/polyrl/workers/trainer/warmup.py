@@ -65,17 +65,8 @@ def supervised_warmup(
     accuracy climbs late and steeply), so a fixed step count gives RL a very different start
     from one run to the next. The climb is steep enough that checking every 10 steps matters:
     with 128 problems a step the tiny model went from 1 % to 50 % of the dev problems within
-    50 steps, so checks every 50 overshot a 20 % target by up to 50 points.
-
-    A greedy check costs a third of the ten steps before it (the tiny model, batch 32, one
-    thread: 0.19-0.24 s for 200 dev problems against 0.73 s for 10 steps), and most checks fall
-    on the long plateau before the climb. So a check is skipped while the target looks out of
-    reach: while the batches trained on since the last check, scored for free by their
-    teacher-forced exact match (`teacher_forced_exact`: greedy exact-match accuracy on those
-    problems), and the last greedy check are both below `NEAR_TARGET` of the target. The first
-    check and every `FULL_CHECK_EVERY`-th always run, for rewards that accept more than the
-    reference answer: a verifier's reward judges only its verdict, not its working, and there
-    the warm-up may overshoot its target by up to that many checks.
+    50 steps, so checks every 50 overshot a 20 % target by up to 50 points; most checks are
+    skipped, though, while the target looks out of reach (`_TargetCheck`).
     """
     if target is not None and not dev:
         raise ValueError("a warm-up target needs dev problems to measure it on")
@@ -99,6 +90,13 @@ def supervised_warmup(
                 break
     finally:
         model.train(was_training)
+    return _summary(losses, check, seconds=time.perf_counter() - started)
+
+
+def _summary(
+    losses: list[float], check: _TargetCheck | None, *, seconds: float
+) -> dict[str, float]:
+    """What a warm-up reports: its steps, its first and last losses, its last greedy check."""
     tail = losses[-10:] or [float("nan")]
     return {
         "steps": float(len(losses)),
@@ -106,7 +104,7 @@ def supervised_warmup(
         "final_loss": sum(tail) / len(tail),
         "dev_accuracy": check.accuracy if check else float("nan"),
         "greedy_checks": float(check.greedy if check else 0),
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
     }
 
 
@@ -129,7 +127,18 @@ def _train_step(
 
 @dataclasses.dataclass(slots=True)
 class _TargetCheck:
-    """When a warm-up with a target decodes greedily (see `supervised_warmup`)."""
+    """When a warm-up with a target decodes greedily (see `supervised_warmup`).
+
+    A greedy check costs a third of the ten steps before it (the tiny model, batch 32, one
+    thread: 0.19-0.24 s for 200 dev problems against 0.73 s for 10 steps), and most checks fall
+    on the long plateau before the climb. So a check is skipped while the target looks out of
+    reach: while the batches trained on since the last check, scored for free by their
+    teacher-forced exact match (`teacher_forced_exact`: greedy exact-match accuracy on those
+    problems), and the last greedy check are both below `NEAR_TARGET` of the target. The first
+    check and every `FULL_CHECK_EVERY`-th always run, for rewards that accept more than the
+    reference answer: a verifier's reward judges only its verdict, not its working, and there
+    the warm-up may overshoot its target by up to that many checks.
+    """
 
     target: float
     every: int

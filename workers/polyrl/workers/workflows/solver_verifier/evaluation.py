@@ -1,6 +1,6 @@
 """How the solver and the verifier are evaluated, and the exam that passes between them.
 
-The solver: greedy accuracy on the task's held-out split (`roles.TaskAccuracy`); before RL it
+The solver: greedy accuracy on the task's held-out split (`workflows.interface.TaskAccuracy`); before RL it
 publishes its answers for the verifier's exam. The verifier: balanced accuracy (the mean of
 its hit rates on right and on wrong candidates, so always saying "y" scores 0.5) on held-out
 problems shown with their answer and with a near miss, and on the exam of the solver's own

@@ -1,7 +1,7 @@
 """The verifier's exam: the warm-started solver's own answers to held-out problems.
 
 The solver's trainer answers `EXAM_PROBLEMS` held-out problems greedily once, after its warm
-start (a resumed trainer does not), and hands the answers over (`roles.Handoff`: an object
+start (a resumed trainer does not), and hands the answers over (`workflows.interface.Handoff`: an object
 beside its weights in NATS); the verifier's trainer waits for them before its step 0 and
 judges the same answers at every evaluation. They are the solver's own kind of mistakes,
 which RL trains the verifier on (the held-out near misses are synthetic), and unlike the

@@ -1,7 +1,7 @@
 """How well a judging policy (a verifier) judges the answers it is actually shown, by version.
 
 The trainer's evaluation of a verifier is held out and fixed: right answers and synthetic near
-misses of the task (`tasks.verify`). It cannot see what the verifier is trained on, the other
+misses of the task (`workflows.solver_verifier.verdicts`). It cannot see what the verifier is trained on, the other
 policy's answers, whose mistakes are of their own kinds. The workflow runner can: it knows for
 every judged answer whether it was right, and what each sampled verdict said. This tallies
 those per window of the judge's weight versions, as balanced accuracy (the mean of "yes" on
