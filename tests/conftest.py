@@ -18,14 +18,16 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from tests.operator_stack import OPERATOR_NS, PEERING, REPO, OperatorProcess
+from tests.operator_stack import OPERATOR_NS, PEERING, REPO, operator_process
 
 from polyrl.api import natsjwt
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing import charts, tools
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.controlplane import kubeconfig
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 _TIMINGS: dict[str, str] = {}
 
@@ -113,7 +115,7 @@ def crds_installed(kubectl: Kubectl) -> None:
         return condition(kubectl.json("get", "crd", crd), "Established") == "True"
 
     for crd in ("rljobs.polyrl.dev", "policygroups.polyrl.dev", "clusterkopfpeerings.kopf.dev"):
-        wait_for(f"CRD {crd} Established", lambda crd=crd: established(crd))  # type: ignore[misc]
+        wait_until(f"CRD {crd} Established", lambda crd=crd: established(crd))  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
@@ -178,7 +180,7 @@ def operator(
     others (`operator.use(...)`). It signs every job's per-role NATS users with
     `SESSION_TRUST`'s account signing key; the session's nats-server is open, so they are
     wired and carried but not enforced here (enforcement: test_nats_access.py, polyrl run)."""
-    op = OperatorProcess(
+    op = operator_process(
         operator_kubeconfig,
         nats_server.url,
         tmp_path_factory.mktemp("op"),
@@ -194,7 +196,7 @@ def _make_namespace(kubectl: Kubectl, mode: str | None) -> Iterator[str]:
     labels = f"\n  labels:\n    agent.polyrl.dev/mode: {mode}" if mode else ""
     kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}{labels}\n")
     # The ServiceAccount admission plugin rejects pods until the SA controller made one.
-    wait_for(
+    wait_until(
         f"the default ServiceAccount in {name}",
         lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
     )

@@ -1,12 +1,13 @@
 """The operator under test, shared by the integration and end-to-end tests.
 
-It runs as its own process (tracked by PID) with a token of the Helm chart's ServiceAccount,
-so a verb missing from the chart fails a test. What its pods run is chosen by
-`POLYRL_WORKER_COMMAND` and `POLYRL_TRAINER_ENTRY` (`Workers`): the FAKE worker
-(`tests/fakes/fake_worker.py`) for control-plane tests, or the real workers. There is only
-ever one operator process (two would pause each other through kopf peering), so a test
-that needs other workers restarts it with them (`OperatorProcess.use`); the node agent runs
-a pod's command only in namespaces labelled `agent.polyrl.dev/mode=exec`.
+It runs as its own process (`polyrl.testing.operatorprocess`, shared with the operator
+benchmark) with a token of the Helm chart's ServiceAccount, so a verb missing from the chart
+fails a test. What its pods run is chosen by `POLYRL_WORKER_COMMAND` and
+`POLYRL_TRAINER_ENTRY` (`Workers`): the FAKE worker (`tests/fakes/fake_worker.py`) for
+control-plane tests, or the real workers. There is only ever one operator process (two
+would pause each other through kopf peering), so a test that needs other workers restarts
+it with them (`OperatorProcess.use`); the node agent runs a pod's command only in namespaces
+labelled `agent.polyrl.dev/mode=exec`.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ import shlex
 import shutil
 import signal
 import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from polyrl.local import processes
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import REAL_WORKERS, OperatorProcess, Workers
+from polyrl.testing.waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_WORKER = REPO / "tests" / "fakes" / "fake_worker.py"
@@ -36,130 +36,36 @@ FAKE_WORKER = REPO / "tests" / "fakes" / "fake_worker.py"
 # whichever Helm release installs it (test_chart.py installs the chart into this cluster).
 PEERING = "polyrl-tests"
 OPERATOR_NS = "polyrl-system"
-# Pods inherit the node agent's environment; on a small machine more than one torch thread
-# per process only contends (as in `polyrl run`), so real workers get one through their env.
-ONE_THREAD = "env OMP_NUM_THREADS=1 POLYRL_TORCH_THREADS=1"
-
-
-@dataclass(frozen=True, slots=True)
-class Workers:
-    """What the operator's pods run: `<worker> rollout|workflow` and torchrun's `<trainer>`."""
-
-    name: str
-    worker: str
-    trainer: str
-
+# Status every second and short bounds, so that tests see them act.
+SETTINGS = {
+    "POLYRL_NAMESPACE": OPERATOR_NS,
+    "POLYRL_STATUS_INTERVAL": "1",
+    "POLYRL_STATUS_PROGRESS_INTERVAL": "1",
+    "POLYRL_CLEANUP_TIMEOUT": "4",
+    "POLYRL_NATS_TIMEOUT": "2",
+}
 
 _FAKE = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE_WORKER))}"
 FAKE_WORKERS = Workers("fake", worker=_FAKE, trainer=str(FAKE_WORKER))
-REAL_WORKERS = Workers(
-    "real", worker=f"{ONE_THREAD} polyrl worker", trainer="-m polyrl.workers.trainer"
-)
 # Real rollout and workflow workers with the fake trainer: the test publishes the model
 # bundle and the weights itself, and nothing trains.
 REAL_ROLLOUTS = Workers("real-rollouts", worker=REAL_WORKERS.worker, trainer=str(FAKE_WORKER))
 
 
-class OperatorProcess:
-    """`python -m polyrl.operator`, tracked by PID, restartable."""
-
-    def __init__(
-        self,
-        kubeconfig_path: Path,
-        nats_url: str,
-        workdir: Path,
-        *,
-        workers: Workers = FAKE_WORKERS,
-        signing_secret: str | None = None,
-    ) -> None:
-        self.kubeconfig = kubeconfig_path
-        self.signing_secret = signing_secret
-        self.nats_url = nats_url
-        self.workdir = workdir
-        self.workers = workers
-        self.settings: dict[str, str] = {}  # operator settings (env) over the defaults below
-        self.proc: processes.Managed | None = None
-        self.starts = 0
-
-    def env(self) -> dict[str, str]:
-        signing = (
-            {"POLYRL_NATS_SIGNING_SECRET": self.signing_secret}
-            if self.signing_secret
-            else {"POLYRL_NATS_INSECURE": "true"}
-        )
-        return {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "POLYRL_NATS_URL": self.nats_url,
-            "POLYRL_NAMESPACE": OPERATOR_NS,
-            "POLYRL_WORKER_COMMAND": self.workers.worker,
-            "POLYRL_TRAINER_ENTRY": self.workers.trainer,
-            "POLYRL_STATUS_INTERVAL": "1",
-            "POLYRL_STATUS_PROGRESS_INTERVAL": "1",
-            "POLYRL_CLEANUP_TIMEOUT": "4",
-            "POLYRL_NATS_TIMEOUT": "2",
-            **signing,
-            **self.settings,
-        }
-
-    def start(self) -> None:
-        port = processes.free_port()
-        self.starts += 1
-        self.proc = processes.start(
-            "operator",
-            [
-                sys.executable,
-                "-m",
-                "polyrl.operator",
-                "--peering",
-                PEERING,
-                "--liveness",
-                f"http://127.0.0.1:{port}/healthz",
-            ],
-            log=self.workdir / f"operator-{self.starts}.log",
-            env=self.env(),
-        )
-        url = f"http://127.0.0.1:{port}/healthz"
-        wait_for("the operator's liveness probe", lambda: _ok(url, self.proc), timeout=60)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            processes.stop(self.proc, grace=10)
-            self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def kill(self) -> None:
-        """SIGKILL the operator (by its PID's process group): no shutdown, no cleanup."""
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            processes.stop(self.proc, grace=0)  # reaps it
-            self.proc = None
-
-    def use(self, workers: Workers, *, settings: dict[str, str] | None = None) -> None:
-        """Make the operator's pods run `workers`, with `settings` (env such as
-        POLYRL_NATS_USER_TTL) over the defaults, restarting it if it runs otherwise."""
-        settings = dict(settings or {})
-        if workers != self.workers or settings != self.settings or self.proc is None:
-            self.workers, self.settings = workers, settings
-            self.restart()
-
-    def log(self) -> str:
-        assert self.proc is not None
-        return self.proc.log.read_text(errors="replace")
-
-
-def _ok(url: str, proc: processes.Managed | None) -> bool:
-    if proc is None or not proc.alive():
-        raise AssertionError(f"operator exited:\n{processes.tail(proc.log) if proc else ''}")
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+def operator_process(
+    kubeconfig_path: Path, nats_url: str, workdir: Path, *, signing_secret: str | None = None
+) -> OperatorProcess:
+    """An operator as the tests run it, not started: in the tests' peering, with their
+    `SETTINGS`, its pods running the fake worker until a test asks for others."""
+    return OperatorProcess(
+        kubeconfig_path,
+        nats_url,
+        workdir,
+        workers=FAKE_WORKERS,
+        peering=PEERING,
+        defaults=SETTINGS,
+        signing_secret=signing_secret,
+    )
 
 
 def restricted_namespace(kubectl: Kubectl, mode: str) -> Iterator[str]:
@@ -180,7 +86,7 @@ def restricted_namespace(kubectl: Kubectl, mode: str) -> Iterator[str]:
             }
         )
     )
-    wait_for(
+    wait_until(
         f"the default ServiceAccount in {name}",
         lambda: kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
     )
@@ -260,9 +166,14 @@ def pod_processes(logs: PodLogs) -> dict[int, str]:
 
 def wait_no_pod_processes(logs: PodLogs, timeout: float = 30.0) -> None:
     """Fail if the namespace's pod processes outlive `timeout`; then stop them, by PID."""
-    deadline = time.monotonic() + timeout
-    while (left := pod_processes(logs)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    with contextlib.suppress(AssertionError):  # asserted below, once what is left is stopped
+        wait_until(
+            f"the processes of the pods in {logs.namespace} to end",
+            lambda: not pod_processes(logs),
+            timeout=timeout,
+            interval=0.5,
+        )
+    left = pod_processes(logs)
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tests.operator_stack import REAL_WORKERS, OperatorProcess, restricted_namespace
+from tests.operator_stack import restricted_namespace
 
 from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import REAL_WORKERS, OperatorProcess
 
 
 @pytest.fixture

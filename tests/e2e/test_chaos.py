@@ -34,7 +34,7 @@ import nats.js.errors
 import pytest
 import yaml
 from nats.js import JetStreamContext
-from tests.operator_stack import OperatorProcess, PodLogs, explained, pod_processes
+from tests.operator_stack import PodLogs, explained, pod_processes
 
 from polyrl.api import naming
 from polyrl.api.naming import JobNames
@@ -43,7 +43,9 @@ from polyrl.bench.netshape import ShapedProxy
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing import ledger
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 from polyrl.workers.weightsync.chain import delta_name
 from polyrl.workers.weightsync.store import WeightStore
 
@@ -124,7 +126,7 @@ class Case:
         return int(self.status("pg", f"{self.name}-solver").get("step", 0))
 
     def wait_step(self, step: int) -> None:
-        wait_for(
+        wait_until(
             f"{self.name} at step {step}", lambda: self.step() >= step, timeout=240, interval=1
         )
 
@@ -139,14 +141,14 @@ class Case:
     def kill(self, pod: str) -> int:
         """SIGKILL the pod's processes (by PID, found by the sandbox the node agent made),
         once it has some: a pod being replaced has none for a while."""
-        mine = wait_for(f"a process of pod {pod}", lambda: self.processes_of(pod), timeout=120)
+        mine = wait_until(f"a process of pod {pod}", lambda: self.processes_of(pod), timeout=120)
         for pid in mine:
             os.kill(pid, signal.SIGKILL)
         return len(mine)
 
     def trains_on(self, step: int, since: float, case_name: str, after: str) -> float:
         """Seconds from `since` until the trainer is two steps past `step`; noted for the table."""
-        wait_for("training going on", lambda: self.step() >= step + 2, timeout=240, interval=0.5)
+        wait_until("training going on", lambda: self.step() >= step + 2, timeout=240, interval=0.5)
         seconds = time.monotonic() - since
         RECOVERY[case_name] = f"{seconds:.1f} s to train 2 more steps after {after}"
         return seconds
@@ -210,7 +212,7 @@ class Case:
                 found if found.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
             )
 
-        done: dict[str, Any] = wait_for(f"{self.name} to end", ended, timeout=300, interval=1)
+        done: dict[str, Any] = wait_until(f"{self.name} to end", ended, timeout=300, interval=1)
         assert done["status"]["phase"] == "Succeeded", done["status"]
         return done
 
@@ -335,7 +337,7 @@ def test_a_trainer_killed_mid_step_three_times_resumes_each_time_and_loses_nothi
     def inject(case: Case) -> None:
         killed = 0.0
         for epoch in range(kills + 1):  # each trainer trains two steps of its epoch, then dies
-            wait_for(
+            wait_until(
                 f"epoch {epoch} to train two steps",
                 lambda: sum(e.epoch == epoch for e in case.entries()) >= 2,  # noqa: B023
                 timeout=240,
@@ -370,7 +372,7 @@ def test_a_workflow_runner_killed_mid_episode_is_replaced_and_the_job_goes_on(
             beat = asyncio.run(case.runner_beat(names))
             return bool(beat.get("at", 0) > at and beat.get("requests_served", 0) > 0)
 
-        wait_for("the replacement runner's first episode", replaced_and_working, timeout=240)
+        wait_until("the replacement runner's first episode", replaced_and_working, timeout=240)
         RECOVERY["runner SIGKILL"] = (
             f"{time.monotonic() - killed:.1f} s from the kill to the new runner's first episode"
         )
@@ -473,7 +475,7 @@ def test_a_remote_pool_cut_off_for_30_s_serves_only_announced_weights_and_the_la
         def inject(case: Case) -> None:
             doc = capacity_group(case.name, "cut-remote", replicas=1, nats_url=link.url)
             stack.kubectl("apply", "-n", case.ns, "-f", "-", input=yaml.safe_dump(doc))
-            wait_for(
+            wait_until(
                 "the remote replica serving through its link",
                 lambda: case.beat(remote).get("requests_served", 0) > 0,
                 timeout=180,
@@ -536,17 +538,21 @@ def test_a_corrupt_object_in_the_weights_bucket_is_refused_by_every_replica_that
 
     def inject(case: Case) -> None:
         case.wait_step(3)
-        wait_for("every replica serving", lambda: all(case.beat(p) for p in frozen), timeout=120)
+        wait_until("every replica serving", lambda: all(case.beat(p) for p in frozen), timeout=120)
         pids = {pod: case.processes_of(pod) for pod in frozen}
         for pid in (pid for found in pids.values() for pid in found):
             os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(0.5)  # what a replica logged before it froze is in its log by now
+            # Frozen (state T): what a replica logged before, it wrote to its log file itself.
+            wait_until(
+                "the frozen replicas' processes stopped",
+                lambda: all(stopped(pid) for found in pids.values() for pid in found),
+            )
             held.update({pod: served_version(case.log_of(pod)) for pod in frozen})
             last = max(held.values()) + 2
             # past the damaged deltas and on to a keyframe, so a resync has a sound path
             beyond = (last // keyframe_every + 1) * keyframe_every
-            wait_for(f"version {beyond}", lambda: case.version() >= beyond, timeout=180)
+            wait_until(f"version {beyond}", lambda: case.version() >= beyond, timeout=180)
             for version in sorted({v + i for v in held.values() for i in (0, 1)}):
                 damaged.append(asyncio.run(case._nats(lambda js: damage(js, case, version))))  # noqa: B023
         finally:
@@ -554,7 +560,7 @@ def test_a_corrupt_object_in_the_weights_bucket_is_refused_by_every_replica_that
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
         resumed, thawed = case.version(), time.monotonic()
-        wait_for(
+        wait_until(
             "each thawed replica refusing what it read and serving the latest again",
             lambda: all(
                 (b := case.beat(p)).get("weights_refused", 0) >= 1
@@ -566,7 +572,7 @@ def test_a_corrupt_object_in_the_weights_bucket_is_refused_by_every_replica_that
         RECOVERY["weights object corrupted"] = (
             f"{time.monotonic() - thawed:.1f} s from the thaw to both readers serving the latest"
         )
-        wait_for("the trainer publishing on", lambda: case.version() > resumed, timeout=60)
+        wait_until("the trainer publishing on", lambda: case.version() > resumed, timeout=60)
         case.stop_now()
 
     acc = run_case(
@@ -577,6 +583,14 @@ def test_a_corrupt_object_in_the_weights_bucket_is_refused_by_every_replica_that
     )
     print(f"held {held}; damaged {damaged}")
     assert acc.trained_once > 0
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc/<pid>/stat)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
 
 
 def first_served(log: str, version: int) -> float:
@@ -622,33 +636,67 @@ def test_the_operator_killed_during_a_scale_storm_leaves_the_exact_count_and_not
 ) -> None:
     group = "storm-solver"
     settled: dict[str, Any] = {}
+    seen: dict[str, list[str]] = {}  # the pool at each fault, as `pool` describes it
 
-    def live_rollouts(case: Case) -> list[dict[str, Any]]:
-        found = stack.kubectl.json(
+    def rollouts(case: Case) -> list[dict[str, Any]]:
+        """The group's rollout pods, those on their way out included."""
+        found: list[dict[str, Any]] = stack.kubectl.json(
             "get", "pods", "-n", case.ns, "-l", f"{naming.L_GROUP}={group},{naming.L_ROLE}=rollout"
         )["items"]
-        return [p for p in found if not p["metadata"].get("deletionTimestamp")]
+        return found
+
+    def leaving(p: dict[str, Any]) -> bool:
+        meta = p["metadata"]
+        return bool(meta.get("deletionTimestamp")) or naming.L_DRAINING in meta["labels"]
+
+    def active(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [p for p in pods if not leaving(p)]
+
+    def state(p: dict[str, Any]) -> str:
+        if leaving(p):
+            return "leaving"
+        return "ready" if condition(p, "Ready") == "True" else "starting"
+
+    def pool(pods: list[dict[str, Any]]) -> list[str]:
+        return sorted(f"{p['metadata']['name']}:{state(p)}" for p in pods)
+
+    def acted(case: Case, count: int) -> list[dict[str, Any]] | None:
+        """The pool once the operator left `count` active pods (the rest on their way out)."""
+        pods = rollouts(case)
+        return pods if len(active(pods)) == count else None
 
     def scale(case: Case, replicas: int) -> None:
         stack.kubectl("scale", "pg", group, "-n", case.ns, f"--replicas={replicas}")
 
     def inject(case: Case) -> None:
         case.wait_step(2)
+        # Up to 8, and back to 2 while the new pods still start.
         scale(case, 8)
-        time.sleep(4)  # pods starting
+        grown = wait_until("8 rollout pods", lambda: acted(case, 8), timeout=60)
+        seen["scaled down to 2 while"] = pool(grown)
+        assert any(state(p) == "starting" for p in grown), pool(grown)
         scale(case, 2)
-        time.sleep(1.5)  # six draining
+        # The operator killed while the six it let go are still on their way out.
+        shrinking = wait_until("2 rollout pods staying", lambda: acted(case, 2), timeout=60)
         stack.operator.kill()
-        scale(case, 6)  # while no operator runs
-        time.sleep(2)
+        seen["operator killed while"] = pool(shrinking)
+        assert len(active(shrinking)) == 2
+        assert any(leaving(p) for p in shrinking), pool(shrinking)
+        # Scaled to 6 while no operator runs: nobody acts on it.
+        scale(case, 6)
+        assert stack.operator.proc is None
+        assert len(active(rollouts(case))) == 2
+        # Then to 0, and to 3 while the restarted operator takes the pool down to 0.
         scale(case, 0)
         stack.operator.start()
         started = time.monotonic()
-        time.sleep(2)
+        emptying = wait_until("no rollout pod staying", lambda: acted(case, 0), timeout=60)
         scale(case, 3)
+        seen["scaled up to 3 while"] = pool(emptying)
+        assert any(leaving(p) for p in emptying), pool(emptying)
 
         def exactly_three() -> list[dict[str, Any]] | None:
-            pods = live_rollouts(case)
+            pods = [p for p in rollouts(case) if not p["metadata"].get("deletionTimestamp")]
             status = case.status("pg", group)
             ok = (
                 len(pods) == 3
@@ -658,9 +706,11 @@ def test_the_operator_killed_during_a_scale_storm_leaves_the_exact_count_and_not
             )
             return pods if ok else None
 
-        pods = wait_for("exactly 3 ready rollouts, none draining", exactly_three, timeout=180)
+        pods = wait_until("exactly 3 ready rollouts, none draining", exactly_three, timeout=180)
         settled["seconds"] = time.monotonic() - started
-        time.sleep(5)  # and it stays so: nothing more created or deleted
+        # And it stays so: later passes create and delete nothing.
+        groups = stack.kubectl.json("get", "pg", "--all-namespaces")["items"]
+        stack.operator.wait_passes("policygroup", 2 * len(groups))
         again = exactly_three()
         assert again is not None
         assert {p["metadata"]["uid"] for p in again} == {p["metadata"]["uid"] for p in pods}
@@ -674,8 +724,12 @@ def test_the_operator_killed_during_a_scale_storm_leaves_the_exact_count_and_not
             f"{settled['seconds']:.1f} s from the operator's restart to 3 ready, none draining"
         )
         version = case.version()
-        wait_for("training on with the new pool", lambda: case.version() > version + 2, timeout=60)
+        wait_until(
+            "training on with the new pool", lambda: case.version() > version + 2, timeout=60
+        )
         case.stop_now()
 
     acc = run_case("operator SIGKILL in a scale storm", stack, job("storm", replicas=1), inject)
+    for when, states in seen.items():
+        print(f"scale storm: {when} {' '.join(states)}")
     assert acc.trained_once > 0

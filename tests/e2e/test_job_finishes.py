@@ -24,12 +24,14 @@ from typing import Any
 import nats
 import pytest
 import yaml
-from tests.operator_stack import OperatorProcess, PodLogs, explained, wait_no_pod_processes
+from tests.operator_stack import PodLogs, explained, wait_no_pod_processes
 
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -140,7 +142,7 @@ def test_a_short_job_survives_a_lost_trainer_pod_finishes_and_leaves_its_model(
             logs.collect()
             return int(status("pg", group).get("step", 0)) >= KILL_AT
 
-        wait_for(f"the trainer at step {KILL_AT}", reached, timeout=240, interval=1)
+        wait_until(f"the trainer at step {KILL_AT}", reached, timeout=240, interval=1)
         before = status("pg", group)["step"]
         names = JobNames(namespace=ns, job="short")
         kubectl("delete", "pod", f"{group}-trainer-0", "-n", ns, "--wait=true")
@@ -156,7 +158,7 @@ def test_a_short_job_survives_a_lost_trainer_pod_finishes_and_leaves_its_model(
             job = kubectl.json("get", "rlj", "short", "-n", ns)
             return job if job.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
 
-        job = wait_for("the job to end", ended, timeout=300, interval=1)
+        job = wait_until("the job to end", ended, timeout=300, interval=1)
         print(f"ended {job['status']['phase']} in {time.monotonic() - started:.0f}s")
 
         # The replacement resumed: it never reported a step below the last checkpoint,
@@ -182,7 +184,7 @@ def test_a_short_job_survives_a_lost_trainer_pod_finishes_and_leaves_its_model(
         assert pg["status"]["step"] == STEPS
         trainer = next(c for c in pg["status"]["conditions"] if c["type"] == "TrainerHealthy")
         assert trainer["reason"] == "Completed"
-        wait_for(
+        wait_until(
             "every pod of the job gone",
             lambda: (
                 not kubectl.json("get", "pods", "-n", ns, "-l", "polyrl.dev/job=short")["items"]

@@ -6,11 +6,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from tests import natslog
+
+from polyrl.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -70,12 +71,16 @@ def test_a_run_trains_publishes_checkpoints_and_ctrl_c_stops_every_process_clean
     """One run checks both: what a run leaves (metrics, versions, a checkpoint, the plot) and
     that Ctrl-C, mid-training, stops every process and still leaves them."""
     proc, run_dir = start(tmp_path, steps=10000)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not any(r.get("step") == 2 for r in records(run_dir)):
+
+    def at_step_2() -> bool:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+        return any(r.get("step") == 2 for r in records(run_dir))
+
+    try:
+        wait_until("the run at step 2", at_step_2, timeout=300, interval=0.5)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:]
     assert "stopping" in out
     assert processes_of(run_dir) == []  # every worker and the nats-server are gone

@@ -28,13 +28,15 @@ import pytest
 import yaml
 from nats.js.errors import KeyValueError, NotFoundError
 from tests import scrape
-from tests.operator_stack import REPO, OperatorProcess, PodLogs, explained, wait_no_pod_processes
+from tests.operator_stack import REPO, PodLogs, explained, wait_no_pod_processes
 
 from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -134,8 +136,14 @@ def check_metrics(running: list[dict[str, Any]]) -> None:
         ]
         targets[pod["metadata"]["name"]] = f"http://{pod['status']['podIP']}:{port}/metrics"
     first = {name: scrape.worker_metrics(url) for name, url in targets.items()}
-    time.sleep(4)
-    second = {name: scrape.worker_metrics(url) for name, url in targets.items()}
+    served = "polyrl_worker_requests_served"
+
+    def moved() -> dict[str, dict[str, float]] | None:
+        now = {name: scrape.worker_metrics(url) for name, url in targets.items()}
+        rollouts = [name for name in now if "-rollout-" in name]
+        return now if all(now[n][served] > first[n][served] for n in rollouts) else None
+
+    second = wait_until("every rollout pod's requests served to grow", moved, interval=1)
     for name, figures in second.items():
         assert figures["polyrl_worker_info"] == 1.0, name
         if "-rollout-" in name:
@@ -172,7 +180,7 @@ def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_clean
     with explained(kubectl, operator, logs):
         kubectl("apply", "--validate=strict", "-n", real_ns, "-f", "-", input=yaml.safe_dump(doc))
         started = time.monotonic()
-        reached = wait_for(
+        reached = wait_until(
             f"every PolicyGroup at step >= {STEP} and every rollout at weight version >= {VERSION}",
             lambda: progress(kubectl, real_ns, job, nats_server.url, logs, started),
             timeout=TRAIN_TIMEOUT,
@@ -197,7 +205,7 @@ def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_clean
             assert 0 <= flow["changedPercent"] <= 100, flow  # 0: a step that changed no bf16 bit
             assert flow["tokensPerSecond"] > 0, flow
             assert flow["queueDepth"] >= 0, flow
-        wait_for(
+        wait_until(
             "the RLJob's per-policy figures rolled up from its groups",
             lambda: rolled_up(kubectl.json("get", "rlj", job, "-n", real_ns)),
             timeout=30,
@@ -208,5 +216,5 @@ def test_the_quickstart_trains_every_policy_syncs_its_rollouts_and_deletes_clean
         assert get_phase(kubectl, real_ns, job) == "Running"  # deleted while it trains
 
         kubectl("delete", "rlj", job, "-n", real_ns, "--timeout=120s")
-        wait_for("the job's pods deleted", lambda: not pods(kubectl, real_ns, job), timeout=120)
+        wait_until("the job's pods deleted", lambda: not pods(kubectl, real_ns, job), timeout=120)
         wait_no_pod_processes(logs)

@@ -45,7 +45,8 @@ from polyrl.api import natsjwt
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing import tools
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -141,11 +142,11 @@ def operator_pod(kubectl: Kubectl) -> dict[str, Any]:
                 return dict(pod)
         return None
 
-    return wait_for("the chart's operator pod Ready", ready, timeout=90)
+    return wait_until("the chart's operator pod Ready", ready, timeout=90)
 
 
 def wait_operator_gone(kubectl: Kubectl) -> None:
-    wait_for(
+    wait_until(
         "the operator pod gone",
         lambda: not kubectl.json("get", "pods", "-n", "polyrl-system")["items"],
         timeout=90,
@@ -170,7 +171,7 @@ def rollouts(kubectl: Kubectl, job: str, policy: str) -> int:
 
 
 def wait_scaled(kubectl: Kubectl, job: str, replicas: int) -> None:
-    wait_for(
+    wait_until(
         f"{replicas} solver rollouts of {job}",
         lambda: rollouts(kubectl, job, "solver") == replicas,
         timeout=60,
@@ -189,7 +190,7 @@ def check_operator_in_its_pod(kubectl: Kubectl) -> None:
         out: str = kubectl("logs", "-n", "polyrl-system", name).stdout
         return out if "kube-probe" in out else None
 
-    log = wait_for("the node agent's liveness probe answered by the operator", probed, timeout=60)
+    log = wait_until("the node agent's liveness probe answered by the operator", probed, timeout=60)
     assert "Invalid kube-config" not in log
 
 
@@ -218,7 +219,7 @@ def check_signed_users(kubectl: Kubectl, job: str, server: NatsServer) -> None:
         said = {c["type"]: c["status"] for c in conditions}
         return said.get("NatsIsolated") == "True" and said.get("NatsReady") == "True"
 
-    wait_for(f"{job}: NatsIsolated and NatsReady", isolated, timeout=60)
+    wait_until(f"{job}: NatsIsolated and NatsReady", isolated, timeout=60)
     users = kubectl.json("get", "secret", f"{job}-nats-users")
     assert {"workflow.creds", "trainer-solver.creds", "rollout-verifier.creds"} <= set(
         users["data"]
@@ -251,7 +252,7 @@ def test_the_readme_cluster_path_runs_as_written_with_the_charts_operator_pod(
             check_operator_in_its_pod(kubectl)
             check_documented_upgrades_keep_the_nats_url(shell, url)
         elif command == "kubectl apply -f examples/solver-verifier.yaml":
-            wait_for(
+            wait_until(
                 "the job Running",
                 lambda: _phase(kubectl, "solver-verifier") == "Running",
                 timeout=60,
@@ -266,10 +267,10 @@ def test_the_readme_cluster_path_runs_as_written_with_the_charts_operator_pod(
         elif command.startswith("kubectl scale pg solver-verifier-solver"):
             wait_scaled(kubectl, "solver-verifier", int(command.rsplit("=", 1)[1]))
         elif command.startswith("kubectl delete rlj solver-verifier"):
-            wait_for(
+            wait_until(
                 "the job's pods gone", lambda: not job_pods(kubectl, "solver-verifier"), timeout=90
             )
-            wait_for(  # owned by the job: the garbage collector removes them
+            wait_until(  # owned by the job: the garbage collector removes them
                 "the job's groups gone", lambda: not kubectl.json("get", "pg")["items"], timeout=60
             )
 
@@ -279,11 +280,11 @@ def test_the_readme_cluster_path_runs_as_written_with_the_charts_operator_pod(
     ]:
         out = shell(command)
         if command.startswith("kubectl apply"):  # a user reads `get` before scaling
-            wait_for("the job Running", lambda: _phase(kubectl, "solver-verifier") == "Running")
+            wait_until("the job Running", lambda: _phase(kubectl, "solver-verifier") == "Running")
         elif command.startswith("kubectl scale"):
             wait_scaled(kubectl, "solver-verifier", int(command.rsplit("=", 1)[1]))
     shell("kubectl delete rlj solver-verifier")
-    wait_for("the job's pods gone", lambda: not job_pods(kubectl, "solver-verifier"), timeout=90)
+    wait_until("the job's pods gone", lambda: not job_pods(kubectl, "solver-verifier"), timeout=90)
     notes = shell("helm get notes polyrl -n polyrl-system")
     assert "Each job's pods get NATS users of their own" in notes
     noted = [
@@ -295,7 +296,7 @@ def test_the_readme_cluster_path_runs_as_written_with_the_charts_operator_pod(
     for command in noted:
         out = shell(command)
         if command.startswith("kubectl apply"):
-            wait_for("the job Running", lambda: _phase(kubectl, "solver-verifier") == "Running")
+            wait_until("the job Running", lambda: _phase(kubectl, "solver-verifier") == "Running")
         elif command.startswith("kubectl describe rlj solver-verifier"):
             assert "NatsIsolated" in out
         elif command.startswith("kubectl scale pg solver-verifier-solver"):
@@ -303,7 +304,7 @@ def test_the_readme_cluster_path_runs_as_written_with_the_charts_operator_pod(
         elif command.startswith("kubectl logs"):
             assert "kube-probe" in out
     shell("kubectl delete rlj solver-verifier")
-    wait_for("the job's pods gone", lambda: not job_pods(kubectl, "solver-verifier"), timeout=90)
+    wait_until("the job's pods gone", lambda: not job_pods(kubectl, "solver-verifier"), timeout=90)
 
 
 def documented_upgrades() -> list[str]:
@@ -359,7 +360,7 @@ def test_the_charts_readme_installs_with_helm_and_with_the_kustomization(
     assert server is not None
     check_signed_users(kubectl, "solver-verifier", server)
     shell("kubectl delete rlj solver-verifier")
-    wait_for("the job's pods gone", lambda: not job_pods(kubectl, "solver-verifier"), timeout=90)
+    wait_until("the job's pods gone", lambda: not job_pods(kubectl, "solver-verifier"), timeout=90)
     shell("helm uninstall polyrl -n polyrl-system")
     wait_operator_gone(kubectl)
 

@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.operator_stack import OperatorProcess, PodLogs, explained, wait_no_pod_processes
+from tests.operator_stack import PodLogs, explained, wait_no_pod_processes
 
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -75,7 +77,7 @@ def test_two_trainer_pods_rendezvous_train_data_parallel_and_end_in_step(
     with explained(kubectl, operator, logs):
         started = time.monotonic()
         kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(JOB))
-        pods = wait_for(
+        pods = wait_until(
             "both trainer pods running, each at an address of its own",
             lambda: trainer_pods(kubectl, ns),
             timeout=120,
@@ -88,7 +90,7 @@ def test_two_trainer_pods_rendezvous_train_data_parallel_and_end_in_step(
             return job if job.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
 
         # Polled often: the pods go once the job is done, and their logs with them.
-        job = wait_for("the job to end", ended, timeout=300, interval=0.3)
+        job = wait_until("the job to end", ended, timeout=300, interval=0.3)
         print(f"ended {job['status']['phase']} in {time.monotonic() - started:.0f}s")
         assert job["status"]["phase"] == "Succeeded", job["status"]
         assert job["status"]["policies"][0]["step"] == STEPS

@@ -19,10 +19,12 @@ import pytest
 import yaml
 from tests import documented
 from tests.conftest import VLLM_ENV
-from tests.operator_stack import REPO, OperatorProcess, PodLogs, explained, wait_no_pod_processes
+from tests.operator_stack import REPO, PodLogs, explained, wait_no_pod_processes
 
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -85,7 +87,7 @@ def test_the_operator_runs_vllm_rollout_pods_from_the_vllm_image(
             status = kubectl.json("get", "rlj", job, "-n", real_ns).get("status", {})
             return status if status.get("phase") in ("Succeeded", "Failed") else None
 
-        status = wait_for("the job finished", finished, timeout=420, interval=2)
+        status = wait_until("the job finished", finished, timeout=420, interval=2)
         print(f"ended {status['phase']} in {time.monotonic() - started:.0f}s")
         assert status["phase"] == "Succeeded", status
         logs.collect()

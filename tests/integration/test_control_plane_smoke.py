@@ -12,7 +12,8 @@ import pytest
 from kubernetes import client, watch
 
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.waiting import wait_until
 
 WIDGET_CRD = """
 apiVersion: apiextensions.k8s.io/v1
@@ -143,7 +144,7 @@ def test_the_scheduler_binds_a_pod_to_an_agent_node_and_it_becomes_running(
     kubectl: Kubectl, cluster: Cluster, namespace: str
 ) -> None:
     kubectl.apply(json.dumps(pod("sleeper", ["sleep", "300"])), "-n", namespace)
-    running = wait_for(
+    running = wait_until(
         "pod sleeper Running and Ready",
         lambda: (
             p
@@ -178,7 +179,7 @@ def test_a_pod_whose_command_writes_a_file_succeeds(
         },
     )
     kubectl.apply(json.dumps(spec), "-n", exec_namespace)
-    done = wait_for(
+    done = wait_until(
         "pod writer Succeeded",
         lambda: (
             p
@@ -197,7 +198,7 @@ def test_a_pod_whose_command_fails_is_marked_failed_with_its_exit_code(
     kubectl: Kubectl, exec_namespace: str
 ) -> None:
     kubectl.apply(json.dumps(pod("crasher", ["sh", "-c", "exit 3"])), "-n", exec_namespace)
-    done = wait_for(
+    done = wait_until(
         "pod crasher Failed",
         lambda: (
             p
@@ -217,12 +218,12 @@ def test_deleting_a_running_pod_sends_sigterm_and_completes_the_deletion(
         f"trap 'echo bye > {marker}; exit 0' TERM; touch {ready}; while true; do sleep 0.1; done"
     )
     kubectl.apply(json.dumps(pod("graceful", ["sh", "-c", script])), "-n", exec_namespace)
-    wait_for(
+    wait_until(
         "pod graceful Running",
         lambda: get_pod(kubectl, exec_namespace, "graceful")["status"].get("phase") == "Running",
     )
     # The agent reports Running right after it spawns the shell, not once the trap is set.
-    wait_for("the shell to install its trap", ready.exists)
+    wait_until("the shell to install its trap", ready.exists)
     kubectl("delete", "pod", "graceful", "-n", exec_namespace, "--timeout=30s")
     assert marker.read_text() == "bye\n"
     gone = kubectl("get", "pod", "graceful", "-n", exec_namespace, check=False)
@@ -239,7 +240,7 @@ def test_deleting_an_owner_garbage_collects_its_child(
         namespace, {"metadata": {"name": "child", "ownerReferences": [ref]}}
     )
     kubectl("delete", "configmap", "owner", "-n", namespace)
-    wait_for(
+    wait_until(
         "the child to be garbage-collected",
         lambda: kubectl("get", "configmap", "child", "-n", namespace, check=False).returncode != 0,
     )

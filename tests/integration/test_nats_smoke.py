@@ -89,7 +89,7 @@ def test_the_natsserver_command_serves_jetstream_until_ctrl_c() -> None:
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
-            assert "(Ctrl-C stops it)" in line
+            assert "OPEN: no authentication; Ctrl-C stops it)" in line  # without --trust
             assert asyncio.run(account_limits(line.split(" at ", 1)[1].split()[0])) is not None
         finally:
             proc.send_signal(signal.SIGINT)

@@ -8,7 +8,6 @@ import base64
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nats
@@ -20,6 +19,7 @@ from polyrl.api.launch import Role
 from polyrl.api.naming import JobNames
 from polyrl.local import natsserver, processes
 from polyrl.operator import natsusers
+from polyrl.testing.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 
@@ -39,16 +39,22 @@ def serve(conf_dir: Path) -> tuple[processes.Managed, str]:
 
 
 async def connect(url: str, creds: Path, inbox: str = "_INBOX") -> Client:
-    deadline = time.monotonic() + 20
-    while True:
+    """Connected as the user of `creds`, once the server (just started) accepts them."""
+    refused: list[Exception] = []
+
+    async def attempt() -> Client | None:
         try:
             return await nats.connect(
                 url, user_credentials=str(creds), inbox_prefix=inbox, max_reconnect_attempts=0
             )
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+        except Exception as err:
+            refused.append(err)
+            return None
+
+    try:
+        return await wait_until_async(f"a connection to {url}", attempt, timeout=20, interval=0.1)
+    except AssertionError as timed_out:
+        raise timed_out from (refused[-1] if refused else None)
 
 
 def test_the_written_trust_serves_jobs_and_its_secret_signs_users_it_admits(
@@ -133,13 +139,11 @@ def test_the_nats_helper_with_a_trust_admits_its_users_and_refuses_anonymous_cli
 
 
 def wait_for_url(log: Path) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for word in log.read_text().split() if log.exists() else []:
-            if word.startswith("nats://"):
-                return word.rstrip(",")
-        time.sleep(0.1)
-    raise AssertionError(f"the helper printed no URL: {log.read_text()}")
+    def url() -> str | None:
+        words = log.read_text().split() if log.exists() else []
+        return next((w.rstrip(",") for w in words if w.startswith("nats://")), None)
+
+    return wait_until(f"the helper to print its URL in {log}", url, timeout=30, interval=0.1)
 
 
 async def anonymous_is_refused_and_admin_admitted(url: str, admin_creds: Path) -> None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import json
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.waiting import wait_until
 
 PY = sys.executable
 
@@ -42,7 +42,7 @@ def finished(kubectl: Kubectl, ns: str, name: str, timeout: float = 60) -> dict[
         p = get(kubectl, ns, name)
         return p if p["status"].get("phase") in ("Succeeded", "Failed") else None
 
-    return wait_for(f"pod {name} to finish", done, timeout=timeout)
+    return wait_until(f"pod {name} to finish", done, timeout=timeout)
 
 
 def running(kubectl: Kubectl, ns: str, name: str, *, ready: bool = False) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def running(kubectl: Kubectl, ns: str, name: str, *, ready: bool = False) -> dic
         ok = p["status"].get("phase") == "Running"
         return p if ok and (not ready or condition(p, "Ready") == "True") else None
 
-    return wait_for(f"pod {name} Running{' and Ready' if ready else ''}", up)
+    return wait_until(f"pod {name} Running{' and Ready' if ready else ''}", up)
 
 
 def logs(kubectl: Kubectl, ns: str, name: str, *args: str) -> str:
@@ -201,7 +201,7 @@ def test_configmap_secret_downward_and_empty_dir_volumes_are_mounted_and_synced(
     spec["metadata"]["labels"] = {"app": "vol"}
     kubectl.apply(json.dumps(spec), "-n", ns)
     running(kubectl, ns, "volumes")
-    wait_for("the pod to read its volumes", lambda: "shm:" in logs(kubectl, ns, "volumes"))
+    wait_until("the pod to read its volumes", lambda: "shm:" in logs(kubectl, ns, "volumes"))
     kubectl("patch", "configmap", "settings", "-n", ns, "-p", '{"data": {"mode": "slow"}}')
     done = finished(kubectl, ns, "volumes", timeout=60)
     out = logs(kubectl, ns, "volumes")
@@ -231,7 +231,7 @@ def test_a_pod_waits_for_a_configmap_that_does_not_exist_yet(
         state = statuses[0]["state"].get("waiting", {}) if statuses else {}
         return state.get("message") if state.get("reason") == "ContainerCreating" else None
 
-    message = wait_for("the pod to wait for its ConfigMap", waiting)
+    message = wait_until("the pod to wait for its ConfigMap", waiting)
     assert "configmap" in message
     assert "later" in message
     kubectl("create", "configmap", "later", "-n", ns, "--from-literal=key=here")
@@ -289,7 +289,7 @@ def test_a_claim_is_provisioned_and_outlives_the_pod_that_wrote_it(
 
     kubectl("delete", "pod", "reader", "-n", ns)
     kubectl("delete", "pvc", "data", "-n", ns)
-    wait_for(
+    wait_until(
         "the released volume and its directory removed",
         lambda: (
             not directory.exists()
@@ -309,18 +309,30 @@ def test_a_retained_volume_keeps_its_files_after_the_claim_is_deleted(
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     kubectl.apply(json.dumps(claim), "-n", ns)
-    name = wait_for(
+    name = wait_until(
         "the claim bound", lambda: get(kubectl, ns, "keep", "pvc")["spec"].get("volumeName")
     )
     kubectl("patch", "pv", name, "-p", '{"spec": {"persistentVolumeReclaimPolicy": "Retain"}}')
     directory = Path(kubectl.json("get", "pv", name)["spec"]["hostPath"]["path"])
     (directory / "model.safetensors").write_text("weights")
     kubectl("delete", "pvc", "keep", "-n", ns)
-    wait_for(
+    wait_until(
         "the volume Released",
         lambda: kubectl.json("get", "pv", name)["status"]["phase"] == "Released",
     )
-    time.sleep(2)  # the provisioner sees the release and must leave it alone
+    # The provisioner sees the release and must leave it alone. It handles volumes one at a
+    # time, in order: once it has removed a volume released after this one, it has seen it.
+    later = {**claim, "metadata": {"name": "later"}}
+    kubectl.apply(json.dumps(later), "-n", ns)
+    gone = wait_until(
+        "the later claim bound", lambda: get(kubectl, ns, "later", "pvc")["spec"].get("volumeName")
+    )
+    kubectl("delete", "pvc", "later", "-n", ns)
+    wait_until(
+        "the later claim's volume (reclaim policy Delete) removed",
+        lambda: kubectl("get", "pv", gone, check=False).returncode != 0,
+    )
+    assert kubectl.json("get", "pv", name)["status"]["phase"] == "Released"
     assert (directory / "model.safetensors").read_text() == "weights"
     kubectl("delete", "pv", name)
 
@@ -419,7 +431,7 @@ def test_two_pods_listen_on_the_same_port_each_at_its_own_address_behind_a_servi
         }
         return found if found == set(ips.values()) else None
 
-    wait_for("the endpoint slice to list both pods", endpoints)
+    wait_until("the endpoint slice to list both pods", endpoints)
 
 
 def test_a_pod_sees_its_hostname_and_a_hosts_file_that_names_it(
@@ -481,22 +493,33 @@ def test_a_readiness_probe_keeps_a_pod_unready_until_it_passes(
 
 
 def test_a_failing_liveness_probe_restarts_the_container_and_keeps_the_old_log(
-    kubectl: Kubectl, exec_namespace: str
+    kubectl: Kubectl, exec_namespace: str, tmp_path: Path
 ) -> None:
     ns = exec_namespace
     # The first run leaves /state/seen, which fails the probe; the second run also leaves
     # /state/healed, which passes it.
     run = "echo run; [ -f /state/seen ] && touch /state/healed; touch /state/seen; sleep 600"
+    # Each probe notes its verdict where the test reads it (a host directory).
+    probe = (
+        "if [ ! -f /state/seen ] || [ -f /state/healed ]; then echo pass >> /probes/log;"
+        " else echo fail >> /probes/log; exit 1; fi"
+    )
     spec = pod(
         "flaky",
         ["sh", "-c", run],
         restartPolicy="Always",
         terminationGracePeriodSeconds=1,
-        volumes=[{"name": "state", "emptyDir": {}}],
+        volumes=[
+            {"name": "state", "emptyDir": {}},
+            {"name": "probes", "hostPath": {"path": str(tmp_path), "type": "Directory"}},
+        ],
         container={
-            "volumeMounts": [{"name": "state", "mountPath": "/state"}],
+            "volumeMounts": [
+                {"name": "state", "mountPath": "/state"},
+                {"name": "probes", "mountPath": "/probes"},
+            ],
             "livenessProbe": {
-                "exec": {"command": ["sh", "-c", "test ! -f /state/seen || test -f /state/healed"]},
+                "exec": {"command": ["sh", "-c", probe]},
                 "periodSeconds": 1,
                 "failureThreshold": 2,
             },
@@ -509,12 +532,23 @@ def test_a_failing_liveness_probe_restarts_the_container_and_keeps_the_old_log(
         ok = statuses and statuses[0]["restartCount"] >= 1 and "running" in statuses[0]["state"]
         return statuses[0] if ok else None
 
-    status = wait_for("the container restarted by its liveness probe", restarted, timeout=60)
+    status = wait_until("the container restarted by its liveness probe", restarted, timeout=60)
     assert status["restartCount"] == 1
     assert "liveness probe" in status["lastState"]["terminated"]["message"]
     assert status["lastState"]["terminated"]["exitCode"] == 143  # 128 + SIGTERM
     assert logs(kubectl, ns, "flaky", "--previous") == "run\n"
-    time.sleep(3)  # healed: no second restart
+
+    def verdicts_since_the_last_failure() -> list[str]:
+        said = (tmp_path / "log").read_text().split()
+        return said[len(said) - said[::-1].index("fail") :] if "fail" in said else said
+
+    # Healed: the agent probes the new container more often than it takes failures to kill
+    # it (failureThreshold 2), and every probe passes; no second restart.
+    wait_until(
+        "three passing probes of the restarted container",
+        lambda: len(verdicts_since_the_last_failure()) >= 3,
+    )
+    assert set(verdicts_since_the_last_failure()) == {"pass"}
     assert get(kubectl, ns, "flaky")["status"]["containerStatuses"][0]["restartCount"] == 1
     kubectl("delete", "pod", "flaky", "-n", ns, "--grace-period=1")
 
@@ -563,12 +597,17 @@ def test_kubectl_logs_follows_tails_and_limits_a_running_pod(
 
 
 def test_pods_in_an_unlabelled_namespace_are_marked_running_but_never_run(
-    kubectl: Kubectl, namespace: str, tmp_path: Path
+    kubectl: Kubectl, namespace: str, exec_namespace: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / f"ran-{uuid.uuid4().hex[:6]}"
     kubectl.apply(json.dumps(pod("idle", ["touch", str(marker)])), "-n", namespace)
     p = running(kubectl, namespace, "idle")
     assert p["status"]["podIP"]
-    time.sleep(1.5)
+    # The same command in an exec namespace, after it: once the agent has run that one to
+    # its end, it would have run the first by then, had it run it at all.
+    witness = tmp_path / "witness"
+    kubectl.apply(json.dumps(pod("witness", ["touch", str(witness)])), "-n", exec_namespace)
+    assert finished(kubectl, exec_namespace, "witness")["status"]["phase"] == "Succeeded"
+    assert witness.exists()
     assert not marker.exists()
     assert get(kubectl, namespace, "idle")["status"]["phase"] == "Running"

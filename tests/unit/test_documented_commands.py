@@ -2,14 +2,13 @@
 
 The tests named here read their commands from the docs (`tests/documented.py`), so a new or
 changed command in README.md, the chart's README and NOTES.txt, or an example's header
-fails this test until a test runs it.
+fails this test until a test runs it. That `make quickstart` runs the documented `polyrl run`
+is checked by running make (tests/integration/test_documented_commands.py).
 """
 
 from __future__ import annotations
 
 import ast
-import subprocess
-from pathlib import Path
 
 from tests import documented
 
@@ -77,14 +76,3 @@ def test_the_readme_cluster_section_has_no_watch_over_several_types() -> None:
         if command.text.startswith("kubectl get") and " -w" in f" {command.text} ":
             kinds = command.text.split()[2]
             assert "," not in kinds, f"kubectl watches one resource type: {command.text}"
-
-
-def test_make_quickstart_runs_the_documented_polyrl_run() -> None:
-    recipe = subprocess.run(
-        ["make", "-n", "quickstart"],
-        cwd=documented.REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert f"{Path('.venv/bin/polyrl')} run examples/quickstart.yaml" in recipe

@@ -21,6 +21,7 @@ from polyrl.api.launch import Role
 from polyrl.api.resources import RLJob
 from polyrl.operator import metrics, natshub, podinfo, refused, render, scaling
 from polyrl.testing import pki
+from polyrl.testing.waiting import wait_until_async
 
 JOB: dict[str, Any] = {
     "metadata": {"name": "math", "namespace": "team", "uid": "u-1"},
@@ -364,7 +365,7 @@ async def test_a_sleeping_reconcile_loop_ends_as_soon_as_kopf_stops_it() -> None
     loop = asyncio.create_task(
         main._loop(ctx, "job", "ns", "j", AsyncFlagWaiter(setter), logger, step)  # type: ignore[arg-type]
     )
-    await asyncio.sleep(0.2)
+    await wait_until_async("the loop's first pass", lambda: passes)  # now it sleeps
     stopped_at = time.monotonic()
     setter.set()
     await asyncio.wait_for(loop, timeout=2)

@@ -67,7 +67,7 @@ from polyrl.bench.operator_pods import (
     rollouts_of,
 )
 from polyrl.bench.operator_stack import Env, environment
-from polyrl.testing.kube import wait_for
+from polyrl.testing.waiting import wait_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +226,7 @@ def job_phases(api: client.ApiClient) -> dict[str, str]:
 def wait_all_running(api: client.ApiClient, count: int, timeout: float) -> float:
     """Seconds until `count` jobs report phase Running."""
     started = time.monotonic()
-    wait_for(
+    wait_until(
         f"{count} RLJobs Running",
         lambda: sum(p == "Running" for p in job_phases(api).values()) >= count or None,
         timeout=timeout,

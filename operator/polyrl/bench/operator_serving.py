@@ -23,7 +23,8 @@ from polyrl.api import naming
 from polyrl.api.base import GROUP, VERSION
 from polyrl.bench.operator_common import say
 from polyrl.bench.operator_pods import PodWatch, all_ready, all_running, rollouts_of
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.waiting import wait_until
 
 SERVING_NS = "polyrl-bench-serving"
 JOB = "serving"
@@ -71,7 +72,7 @@ def make_namespace(kubectl: Kubectl) -> None:
         f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {SERVING_NS}\n"
         "  labels:\n    agent.polyrl.dev/mode: exec\n"
     )
-    wait_for(
+    wait_until(
         f"the default ServiceAccount in {SERVING_NS}",
         lambda: kubectl("get", "sa", "default", "-n", SERVING_NS, check=False).returncode == 0,
     )
@@ -92,7 +93,7 @@ def measure(api: client.ApiClient, kubectl: Kubectl, step: int) -> ScaleToServin
     try:
         t0 = time.monotonic()
         custom.create_namespaced_custom_object(GROUP, VERSION, SERVING_NS, "rljobs", job_doc())
-        wait_for("the serving job Running", lambda: _phase(api) == "Running", timeout=600)
+        wait_until("the serving job Running", lambda: _phase(api) == "Running", timeout=600)
         running = time.monotonic() - t0
         say(f"serving: the job's workers serve after {running:.1f}s; scaling up by {step}")
         group = naming.policy_group(JOB, POLICY)
@@ -110,7 +111,7 @@ def measure(api: client.ApiClient, kubectl: Kubectl, step: int) -> ScaleToServin
         return ScaleToServing(step, running, ran - t1, ready - t1)
     finally:
         custom.delete_namespaced_custom_object(GROUP, VERSION, SERVING_NS, "rljobs", JOB)
-        wait_for("the serving job's pods gone", lambda: not _pods(api), timeout=120)
+        wait_until("the serving job's pods gone", lambda: not _pods(api), timeout=120)
         watch.stop()
 
 

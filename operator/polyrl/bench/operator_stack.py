@@ -1,13 +1,16 @@
-"""The benchmark's stack: a control plane, a nats-server and the operator, stopped by PID."""
+"""The benchmark's stack: a control plane, a nats-server and the operator, stopped by PID.
+
+The operator is the tests' launcher (`polyrl.testing.operatorprocess`), standalone, with the
+real workers (only the serving job's pods run them, on a nats-server of the benchmark's own)
+and the operator's default status interval.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,9 @@ from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing import tools
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import REAL_WORKERS, OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 
 @dataclass
@@ -31,7 +36,7 @@ class Env:
     kubectl: Kubectl
     api: client.ApiClient
     nats: NatsServer
-    operator: processes.Managed
+    operator: OperatorProcess
     metrics_url: str
     watch: PodWatch
 
@@ -80,7 +85,7 @@ def install_crds(kubectl: Kubectl) -> None:
 
 def make_namespace(kubectl: Kubectl) -> None:
     kubectl.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n")
-    wait_for(
+    wait_until(
         f"the default ServiceAccount in {NAMESPACE}",
         lambda: kubectl("get", "sa", "default", "-n", NAMESPACE, check=False).returncode == 0,
     )
@@ -88,52 +93,24 @@ def make_namespace(kubectl: Kubectl) -> None:
 
 def start_operator(
     workdir: Path, kubeconfig: Path, nats_url: str, stack: contextlib.ExitStack
-) -> tuple[processes.Managed, str, str]:
-    """`python -m polyrl.operator --standalone` with metrics, not waited for; returns it,
-    its metrics URL and its liveness URL."""
-    metrics_port, live_port = processes.free_port(), processes.free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "POLYRL_NATS_URL": nats_url,
-        "POLYRL_STATUS_INTERVAL": str(STATUS_INTERVAL),
-        # Only the serving job's pods run workers, on a server of the benchmark's own.
-        "POLYRL_NATS_INSECURE": "true",
-        # Real workers (the serving part), one torch thread each as in `polyrl run`.
-        "POLYRL_WORKER_COMMAND": "env OMP_NUM_THREADS=1 POLYRL_TORCH_THREADS=1 polyrl worker",
-    }
-    proc = processes.start(
-        "operator",
-        [
-            sys.executable,
-            "-m",
-            "polyrl.operator",
-            "--standalone",
-            "--metrics-port",
-            str(metrics_port),
-            "--liveness",
-            f"http://127.0.0.1:{live_port}/healthz",
-        ],
-        log=workdir / "operator.log",
-        env=env,
+) -> OperatorProcess:
+    """`python -m polyrl.operator --standalone` with metrics, not waited for (`wait_live`)."""
+    operator = OperatorProcess(
+        kubeconfig,
+        nats_url,
+        workdir,
+        workers=REAL_WORKERS,
+        defaults={"POLYRL_STATUS_INTERVAL": str(STATUS_INTERVAL)},
     )
-    stack.callback(_timed_stop, proc)
-    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-    return proc, metrics, f"http://127.0.0.1:{live_port}/healthz"
+    operator.start(wait=False)
+    stack.callback(_stop_operator, operator)
+    return operator
 
 
-def wait_operator(proc: processes.Managed, liveness_url: str) -> None:
-    wait_for("the operator's liveness probe", lambda: _answers(liveness_url, proc), timeout=60)
-
-
-def _answers(url: str, proc: processes.Managed) -> bool:
-    if not proc.alive():
-        raise RuntimeError(f"the operator exited:\n{processes.tail(proc.log)}")
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+def _stop_operator(operator: OperatorProcess) -> None:
+    started = time.monotonic()
+    operator.stop(grace=0.5)
+    say(f"stopped the operator in {time.monotonic() - started:.1f}s")
 
 
 @contextlib.contextmanager
@@ -146,24 +123,21 @@ def environment(workdir: Path) -> Iterator[Env]:
         cluster, kubectl = start_cluster(workdir, stack)
         say(f"control plane {cluster.control_plane.timings.summary()}")
         install_crds(kubectl)
-        operator, metrics_url, live_url = start_operator(
-            workdir, cluster.kubeconfig, nats.url, stack
-        )
+        operator = start_operator(workdir, cluster.kubeconfig, nats.url, stack)
         make_namespace(kubectl)  # while the operator starts
         api = cluster.api()
         stack.callback(api.close)
-        wait_operator(operator, live_url)
+        operator.wait_live()
         watch = PodWatch(api)
         watch.start()
         stack.callback(watch.stop)
         stack.callback(say, "stopping")
         say(f"operator up (pid {operator.pid})")
-        env = Env(cluster, kubectl, api, nats, operator, metrics_url, watch)
+        env = Env(cluster, kubectl, api, nats, operator, operator.metrics_url, watch)
         try:
             yield env
         except BaseException:
-            print(f"operator log tail:\n{processes.tail(operator.log, 30)}", file=sys.stderr)
+            if operator.proc is not None:
+                tail = processes.tail(operator.proc.log, 30)
+                print(f"operator log tail:\n{tail}", file=sys.stderr)
             raise
-
-
-# --- the measurements ---------------------------------------------------------------------

@@ -1,16 +1,13 @@
-"""Small helpers for tests that drive a cluster with real kubectl and the Python client."""
+"""Small helpers for tests that drive a cluster with real kubectl and the Python client
+(waiting for what they do: `polyrl.testing.waiting`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 class Kubectl:
@@ -43,27 +40,9 @@ class Kubectl:
         return self("apply", "-f", "-", *extra, input=manifest)
 
 
-def wait_for(
-    what: str, probe: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.2
-) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
 def condition(obj: dict[str, Any], kind: str) -> str | None:
     for cond in obj.get("status", {}).get("conditions") or []:
         if cond["type"] == kind:
             status: str = cond["status"]
             return status
     return None
-
-
-def names(items: Sequence[dict[str, Any]]) -> list[str]:
-    return sorted(item["metadata"]["name"] for item in items)

@@ -10,18 +10,17 @@ Test namespaces enforce Pod Security `restricted`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 from tests.operator_stack import (
     FAKE_WORKERS,
     REAL_ROLLOUTS,
-    OperatorProcess,
     restricted_namespace,
 )
 
 from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import OperatorProcess
 
 __all__ = ["OperatorProcess"]
 
@@ -46,7 +45,3 @@ def real_rollouts_ns(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[st
     publishes the model bundle and weights itself."""
     operator.use(REAL_ROLLOUTS)
     yield from restricted_namespace(kubectl, "exec")
-
-
-def settle(seconds: float = 1.0) -> None:
-    time.sleep(seconds)

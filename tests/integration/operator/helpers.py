@@ -8,9 +8,12 @@ from typing import Any
 
 import yaml
 
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
+PLURALS = {"rljob": "rljobs", "policygroup": "policygroups"}
 
 
 def job_doc(name: str, *, rollout: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
@@ -53,7 +56,7 @@ def running_names(kubectl: Kubectl, ns: str, selector: str) -> list[str]:
 def wait_running(
     kubectl: Kubectl, ns: str, selector: str, count: int, timeout: float = 30
 ) -> list[str]:
-    return wait_for(
+    return wait_until(
         f"{count} running pods matching {selector}",
         lambda: names if len(names := running_names(kubectl, ns, selector)) == count else None,
         timeout=timeout,
@@ -87,7 +90,20 @@ def wait_condition(
                 return obj
         return None
 
-    return wait_for(f"{kind}/{name} condition {kind_} with reason {reason}", probe, timeout=timeout)
+    return wait_until(
+        f"{kind}/{name} condition {kind_} with reason {reason}", probe, timeout=timeout
+    )
+
+
+def two_more_passes(kubectl: Kubectl, operator: OperatorProcess, kind: str) -> None:
+    """Until the operator has reconciled each object of `kind` (rljob, policygroup) twice
+    more, as far as its counter by kind tells: every object resyncs once a status interval
+    (1 s here), so twice as many passes as there are objects of the kind (in all namespaces;
+    one, in most tests) hold two of each. What a later pass would do is done by then, so a
+    check that nothing happened comes after this, never after a fixed pause."""
+    items = kubectl.json("get", PLURALS[kind], "--all-namespaces")["items"]
+    objects = sum(1 for item in items if not item["metadata"].get("deletionTimestamp"))
+    operator.wait_passes(kind, 2 * max(1, objects))
 
 
 def events(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:

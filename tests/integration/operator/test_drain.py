@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from nats.aio.msg import Msg
 from pydantic import ValidationError
-from tests.operator_stack import OperatorProcess, PodLogs, explained
+from tests.operator_stack import PodLogs, explained
 
 from polyrl.api import natsconfig
 from polyrl.api.messages import DrainAck, Drained, Heartbeat, WorkerState
@@ -39,7 +40,9 @@ from polyrl.api.resources import ModelSource
 from polyrl.api.wire import GenerationRequest, GenerationResponse
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until, wait_until_async
 from polyrl.workers.models.chartokenizer import build_tokenizer
 
 from .helpers import apply, job_doc, live, pods, wait_running
@@ -170,24 +173,58 @@ async def run_load(
                 return  # a heartbeat (a KV watch delivers to an inbox too)
             load.acks.setdefault(ack.pod, ack)
 
-    await nc.subscribe(f"{control}.>", cb=on_control)
-    await nc.subscribe("_INBOX.>", cb=on_inbox)
+    subs = [
+        await nc.subscribe(f"{control}.>", cb=on_control),
+        await nc.subscribe("_INBOX.>", cb=on_inbox),
+    ]
     js = nc.jetstream()
-    for i in range(REQUESTS):
-        await js.publish(
-            names.requests_subject("solver"), request(i, inbox), headers={"Nats-Msg-Id": f"r{i}"}
+    try:
+        sent = [
+            await js.publish(
+                names.requests_subject("solver"),
+                request(i, inbox),
+                headers={"Nats-Msg-Id": f"r{i}"},
+            )
+            for i in range(REQUESTS)
+        ]
+        # Every pod holds requests: it answered one and goes on with the rest.
+        await wait_until_async(
+            "a reply from each of the 3 pods",
+            lambda: len({r["pod"] for r in load.replies}) == 3,
+            timeout=60,
         )
-    await asyncio.sleep(1.0)  # every pod now holds a request
-    await asyncio.to_thread(kubectl, "scale", "pg", "drain-solver", "-n", ns, "--replicas=1")
-    await asyncio.wait_for(done.wait(), timeout=90)
-    # The Drained messages follow the operator's drain requests, not the replies: a slow
-    # operator can ask after the last reply. Wait for both scaled-down pods (bounded).
-    for _ in range(300):
-        if len(load.drained) >= 2:
-            break
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(1.0)  # a duplicate would arrive now
-    await nc.close()
+        assert len(load.replies) < REQUESTS  # the scale-down comes under load
+        await asyncio.to_thread(kubectl, "scale", "pg", "drain-solver", "-n", ns, "--replicas=1")
+        await asyncio.wait_for(done.wait(), timeout=90)
+        # The Drained messages follow the operator's drain requests, not the replies: a slow
+        # operator can ask after the last reply.
+        await wait_until_async(
+            "Drained from both scaled-down pods", lambda: len(load.drained) >= 2, timeout=30
+        )
+        # A duplicate comes from a request delivered again, or from a worker answering twice
+        # before it acknowledges: once every request is acknowledged, neither can come, and
+        # what the server sent us before it said so is in our callbacks after a flush. The
+        # requests are a work queue: one lives in the stream until it is acknowledged.
+        stream, left = names.requests_stream("solver"), {ack.seq for ack in sent}
+
+        async def all_acknowledged() -> bool:
+            for seq in sorted(left):
+                try:
+                    await js.get_msg(stream, seq)
+                except nats.js.errors.NotFoundError:
+                    left.discard(seq)
+                else:
+                    return False
+            return True
+
+        await wait_until_async("every request acknowledged", all_acknowledged, timeout=30)
+        await nc.flush()
+        await wait_until_async(
+            "the test's callbacks to take what arrived",
+            lambda: not any(s.pending_msgs for s in subs),
+        )
+    finally:
+        await nc.close()
     return load
 
 
@@ -205,7 +242,9 @@ def scale_down_under_load(
     watcher = watch_deletions(api, ns, deleted, stop)
     try:
         load = asyncio.run(run_load(url, names, kubectl, ns, request))
-        wait_for("the drained pods deleted", lambda: set(load.drained) <= set(deleted), timeout=60)
+        wait_until(
+            "the drained pods deleted", lambda: set(load.drained) <= set(deleted), timeout=60
+        )
     finally:
         stop.set()
         watcher.join(timeout=10)
@@ -219,7 +258,7 @@ def test_scale_down_with_requests_in_flight_loses_nothing_and_drains_before_dele
     apply(kubectl, exec_ns, job_doc("drain", rollout={"replicas": 3, "drainTimeoutSeconds": 60}))
     wait_running(kubectl, exec_ns, ROLLOUTS, 3, timeout=60)
     names = JobNames(namespace=exec_ns, job="drain")
-    wait_for(
+    wait_until(
         "3 fake rollout workers serving",
         lambda: asyncio.run(serving(nats_server.url, names, 3)) == 3,
         timeout=60,
@@ -294,7 +333,7 @@ def test_real_rollout_workers_scaled_down_under_load_answer_every_request_once_a
             logs.collect()
             return asyncio.run(serving(nats_server.url, names, 3)) == 3
 
-        wait_for("3 real rollout workers serving", three_serving, timeout=180, interval=1)
+        wait_until("3 real rollout workers serving", three_serving, timeout=180, interval=1)
         print(f"3 rollout workers serving at {time.monotonic() - started:.0f}s")
         load, deleted = scale_down_under_load(kubectl, ns, nats_server.url, kube_api, real_request)
         logs.collect()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
 import pytest
@@ -21,11 +20,12 @@ from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tests import fuzzing
-from tests.operator_stack import OperatorProcess
 
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
-from .helpers import job_doc
+from .helpers import job_doc, two_more_passes
 
 pytestmark = pytest.mark.slow
 GROUP, VERSION = "polyrl.dev", "v1alpha1"
@@ -139,8 +139,9 @@ def test_generated_manifests_are_rejected_naming_a_field_or_reconciled_with_cond
                 waiting.append(f"{kind}/{name}")
         return waiting
 
-    wait_for("every accepted manifest reconciled", lambda: not reconciled(), timeout=120)
-    time.sleep(1.0)  # a late handler failure would log now
+    wait_until("every accepted manifest reconciled", lambda: not reconciled(), timeout=120)
+    for kind in ("rljob", "policygroup"):  # a late handler failure would have logged by then
+        two_more_passes(kubectl, operator, kind)
     assert "Traceback" not in operator.log()[log_start:]
     assert operator.proc is not None
     assert operator.proc.alive()

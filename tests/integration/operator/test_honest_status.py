@@ -16,10 +16,11 @@ from polyrl.api import naming
 from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.waiting import wait_until
 
 from .conftest import OperatorProcess
-from .helpers import apply, get, job_doc, live, pods, reasons, wait_running
+from .helpers import apply, get, job_doc, live, pods, reasons, two_more_passes, wait_running
 
 GROUP = {"apiVersion": "polyrl.dev/v1alpha1", "kind": "PolicyGroup"}
 
@@ -54,7 +55,7 @@ def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def wait_phase(kubectl: Kubectl, ns: str, job: str, phase: str, timeout: float = 60) -> None:
-    wait_for(
+    wait_until(
         f"job {job} {phase}",
         lambda: status_of(kubectl, ns, "rlj", job).get("phase") == phase,
         timeout=timeout,
@@ -71,13 +72,13 @@ def test_a_groups_weight_version_comes_only_from_rollout_pods_that_exist(
     wait_running(kubectl, ns, rollouts, 3)
     versions = {"ver-solver-rollout-0": 140, "ver-solver-rollout-1": 96, "ver-solver-rollout-2": 97}
     asyncio.run(put_heartbeats(nats_server.url, ns, "ver", versions))
-    wait_for(
+    wait_until(
         "the group's version: the lowest its pods serve",
         lambda: status_of(kubectl, ns, "pg", "ver-solver").get("weightVersion") == 96,
     )
     kubectl("scale", "pg", "ver-solver", "-n", ns, "--replicas=1")  # rollout-2, -1 drain away
-    wait_for("two pods gone", lambda: len(live(pods(kubectl, ns, rollouts))) == 1, timeout=30)
-    wait_for(
+    wait_until("two pods gone", lambda: len(live(pods(kubectl, ns, rollouts))) == 1, timeout=30)
+    wait_until(
         "the version of the pod that is left",
         lambda: status_of(kubectl, ns, "pg", "ver-solver").get("weightVersion") == 140,
         timeout=30,
@@ -85,7 +86,7 @@ def test_a_groups_weight_version_comes_only_from_rollout_pods_that_exist(
 
 
 def test_a_trainer_pod_deleted_by_hand_is_replaced_counted_and_the_job_stays_running(
-    kubectl: Kubectl, ns: str
+    kubectl: Kubectl, ns: str, operator: OperatorProcess
 ) -> None:
     apply(kubectl, ns, job_doc("lost"))
     wait_phase(kubectl, ns, "lost", "Running")
@@ -105,13 +106,13 @@ def test_a_trainer_pod_deleted_by_hand_is_replaced_counted_and_the_job_stays_run
             group.get("trainerRestarts") == 1 and bool(pod) and pod[0]["metadata"]["uid"] != before
         )
 
-    wait_for("a new trainer pod, counted as a restart", replaced, timeout=60)
+    wait_until("a new trainer pod, counted as a restart", replaced, timeout=60)
     assert set(phases) == {"Running"}, phases  # never back to Pending
-    wait_for(
+    wait_until(
         "a TrainerRestarted event",
         lambda: "TrainerRestarted" in reasons(kubectl, ns, "lost-solver"),
     )
-    time.sleep(1.0)  # two more passes: one replacement is one restart
+    two_more_passes(kubectl, operator, "policygroup")  # one replacement is one restart
     assert status_of(kubectl, ns, "pg", "lost-solver")["trainerRestarts"] == 1
 
 
@@ -132,12 +133,12 @@ def test_a_running_job_that_cannot_serve_all_it_asks_stays_running_and_says_why(
         ready = cond(status_of(kubectl, ns, "rlj", "grow"), "Ready")
         return ready if ready.get("reason") == "Degraded" else None
 
-    ready = wait_for("Ready=False, Degraded", degraded, timeout=30)
+    ready = wait_until("Ready=False, Degraded", degraded, timeout=30)
     assert ready["status"] == "False"
     assert "solver: 1/2 rollouts serving" in ready["message"]
     assert status_of(kubectl, ns, "rlj", "grow")["phase"] == "Running"
     kubectl("delete", "pg", "grow-mars", "-n", ns)
-    wait_for(
+    wait_until(
         "Ready again",
         lambda: condition(get(kubectl, ns, "rlj", "grow"), "Ready") == "True",
         timeout=30,
@@ -163,7 +164,7 @@ def test_jobs_on_an_opted_in_shared_nats_say_every_pod_can_read_their_data(
     kubectl: Kubectl, ns: str, operator: OperatorProcess
 ) -> None:
     apply(kubectl, ns, job_doc("signed"))
-    wait_for(
+    wait_until(
         "NatsIsolated True",
         lambda: condition(get(kubectl, ns, "rlj", "signed"), "NatsIsolated") == "True",
     )
@@ -173,14 +174,14 @@ def test_jobs_on_an_opted_in_shared_nats_say_every_pod_can_read_their_data(
     )
     try:
         apply(kubectl, ns, job_doc("shared"))
-        wait_for(
+        wait_until(
             "NatsIsolated False",
             lambda: condition(get(kubectl, ns, "rlj", "shared"), "NatsIsolated") == "False",
         )
         said = cond(status_of(kubectl, ns, "rlj", "shared"), "NatsIsolated")
         assert said["reason"] == "SharedNats"
         assert "every pod that can reach the NATS server can read and write" in said["message"]
-        wait_for(
+        wait_until(
             "a NatsNotIsolated event", lambda: "NatsNotIsolated" in reasons(kubectl, ns, "shared")
         )
     finally:
@@ -197,9 +198,9 @@ def test_a_running_job_stays_on_its_nats_when_the_operators_default_changes(
     pod = get(kubectl, ns, "pod", "stay-solver-rollout-0")
     operator.use(operator.workers, settings={"POLYRL_NATS_URL": "nats://127.0.0.1:1"})
     try:
-        wait_for("a NatsKept event", lambda: "NatsKept" in reasons(kubectl, ns, "stay"))
+        wait_until("a NatsKept event", lambda: "NatsKept" in reasons(kubectl, ns, "stay"))
         apply(kubectl, ns, job_doc("moved"))
-        wait_for(  # the new default has no server: only new jobs notice
+        wait_until(  # the new default has no server: only new jobs notice
             "the new job on the new default",
             lambda: condition(get(kubectl, ns, "rlj", "moved"), "NatsReady") == "False",
             timeout=30,

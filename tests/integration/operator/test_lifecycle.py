@@ -19,14 +19,26 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.operator_stack import operator_process
 
 from polyrl.api import crds
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.waiting import wait_until
 
 from .conftest import OperatorProcess
-from .helpers import apply, events, fail_pod, get, job_doc, live, pods, wait_running
+from .helpers import (
+    apply,
+    events,
+    fail_pod,
+    get,
+    job_doc,
+    live,
+    pods,
+    two_more_passes,
+    wait_running,
+)
 
 
 def claim_names(kubectl: Kubectl, ns: str) -> list[str]:
@@ -48,7 +60,7 @@ def test_each_policy_gets_a_checkpoint_claim_that_its_first_trainer_pod_mounts(
         }
     )
     apply(kubectl, ns, doc)
-    wait_for(
+    wait_until(
         "both claims",
         lambda: claim_names(kubectl, ns) == ["ckpt-judge-checkpoints", "ckpt-solver-checkpoints"],
     )
@@ -64,7 +76,7 @@ def test_each_policy_gets_a_checkpoint_claim_that_its_first_trainer_pod_mounts(
     assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "ckpt-solver-checkpoints"
     env = {e["name"]: e.get("value") for e in trainer["spec"]["containers"][0]["env"]}
     assert env["POLYRL_TRAINER_DIR"] == f"/var/lib/polyrl/{job['metadata']['uid']}"
-    status = wait_for(
+    status = wait_until(
         "the outputs in status",
         lambda: (
             s if (s := get(kubectl, ns, "rlj", "ckpt").get("status", {})).get("policies") else None
@@ -75,7 +87,7 @@ def test_each_policy_gets_a_checkpoint_claim_that_its_first_trainer_pod_mounts(
     assert outputs["solver"] == f"pvc://ckpt-solver-checkpoints/{uid}/{ns}/ckpt/solver/checkpoint"
 
     kubectl("delete", "rlj", "ckpt", "-n", ns)
-    wait_for(
+    wait_until(
         "the Delete claim collected with its job",
         lambda: claim_names(kubectl, ns) == ["ckpt-solver-checkpoints"],
     )
@@ -94,7 +106,7 @@ def test_a_job_whose_trainers_finish_succeeds_with_its_final_figures_and_frees_i
         job = get(kubectl, ns, "rlj", "finish")
         return job if job.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
 
-    job = wait_for("the job to end", ended, timeout=90)
+    job = wait_until("the job to end", ended, timeout=90)
     status = job["status"]
     assert status["phase"] == "Succeeded", status
     assert condition(job, "Complete") == "True"
@@ -104,14 +116,22 @@ def test_a_job_whose_trainers_finish_succeeds_with_its_final_figures_and_frees_i
     assert shown == {"solver": ("4/4 (100%)", "0s"), "judge": ("6/6 (100%)", "0s")}
     assert (status["progress"], status["eta"]) == ("4/4 (100%)", "0s")
     for group in ("finish-solver", "finish-judge"):
-        pg = get(kubectl, ns, "pg", group)
+
+        def freed(group: str = group) -> dict[str, Any] | None:
+            """The group's pass after the job ended: its conditions say no pods run."""
+            pg = get(kubectl, ns, "pg", group)
+            said = {c["type"]: c for c in pg["status"]["conditions"]}
+            rollouts = said.get("RolloutsReady", {})
+            return pg if rollouts.get("reason") == "Succeeded" else None
+
+        pg = wait_until(f"{group}: RolloutsReady says the job ended", freed)
         healthy = next(c for c in pg["status"]["conditions"] if c["type"] == "TrainerHealthy")
         assert (healthy["status"], healthy["reason"]) == ("True", "Completed")  # not "Starting"
         rollouts = next(c for c in pg["status"]["conditions"] if c["type"] == "RolloutsReady")
-        assert (rollouts["status"], rollouts["reason"]) == ("False", "Succeeded")
+        assert rollouts["status"] == "False"
         assert "no pods run" in rollouts["message"]  # not "1/1 rollout pods ready"
         assert pg["status"]["weightVersion"] == pg["status"]["step"]  # the fake's version
-    wait_for(
+    wait_until(
         "every pod freed", lambda: not live(pods(kubectl, ns, "polyrl.dev/job=finish")), timeout=60
     )
 
@@ -123,7 +143,7 @@ def test_a_failing_workflow_runner_is_replaced_with_backoff_under_one_aggregated
     runner = "flaky-workflow-0"
     seen: list[str] = []
     for _ in range(3):
-        uid = wait_for(
+        uid = wait_until(
             "a workflow runner Running",
             lambda: (
                 p["metadata"]["uid"]
@@ -142,7 +162,7 @@ def test_a_failing_workflow_runner_is_replaced_with_backoff_under_one_aggregated
     assert job["status"]["lastFailure"] == "workflow pod flaky-workflow-0 failed: exit 1"
     failed = [e for e in events(kubectl, ns, "flaky") if e["reason"] == "WorkflowRunnerFailed"]
     assert len(failed) == 1, failed  # one event, counted, not one per failure
-    wait_for(
+    wait_until(
         "its count to reach 3",
         lambda: (
             next(e for e in events(kubectl, ns, "flaky") if e["reason"] == "WorkflowRunnerFailed")[
@@ -162,7 +182,7 @@ def test_scaling_down_deletes_pods_that_never_served_at_once(kubectl: Kubectl, n
     wait_running(kubectl, ns, selector, 3)
     started = time.monotonic()
     kubectl("scale", "pg", "idle-solver", "-n", ns, "--replicas=1")
-    wait_for("two pods deleted", lambda: len(live(pods(kubectl, ns, selector))) == 1, timeout=20)
+    wait_until("two pods deleted", lambda: len(live(pods(kubectl, ns, selector))) == 1, timeout=20)
     seconds = time.monotonic() - started
     print(f"scale-down of 2 never-serving pods: {seconds:.1f}s")
     assert seconds < 15  # the drain timeout is 60 s
@@ -193,17 +213,27 @@ def test_deleting_jobs_closes_every_subscription_they_opened(
     names = [f"leak-{i}" for i in range(10)]
     for name in names:
         apply(kubectl, ns, job_doc(name))
-    wait_for("the jobs' watchers", lambda: operator_subs(nats_server) >= before + 20, timeout=60)
+    wait_until("the jobs' watchers", lambda: operator_subs(nats_server) >= before + 20, timeout=60)
     for name in names:
         kubectl("delete", "rlj", name, "-n", ns, "--wait=false")
-    wait_for(
+    wait_until(
         "the operator back to its subscriptions before the jobs",
         lambda: operator_subs(nats_server) == before,
         timeout=30,
     )
-    # A watcher left running logged "stream not found" every 10 s; three periods of quiet.
+    # A watcher left running logged "stream not found" every 10 s: three periods of quiet,
+    # then two passes of an object that outlives the jobs show the operator was at work all
+    # along (a group of no job: it reconciles, with no NATS of its own).
     mark = len(operator.log())
+    witness = {
+        "apiVersion": "polyrl.dev/v1alpha1",
+        "kind": "PolicyGroup",
+        "metadata": {"name": "witness"},
+        "spec": {"jobRef": "absent", "policy": "solver", "rollout": {"replicas": 1}},
+    }
+    apply(kubectl, ns, witness)
     time.sleep(30)
+    two_more_passes(kubectl, operator, "policygroup")
     assert "stream not found" not in operator.log()[mark:]
 
 
@@ -217,7 +247,7 @@ def test_an_operator_killed_with_sigkill_is_replaced_by_one_that_acts_within_10_
     started = time.monotonic()
     operator.start()
     apply(kubectl, ns, job_doc("after-kill"))
-    wait_for(
+    wait_until(
         "the new operator to act", lambda: kubectl.json("get", "pg", "-n", ns)["items"], timeout=30
     )
     seconds = time.monotonic() - started
@@ -234,7 +264,7 @@ def test_an_operator_refuses_to_start_against_crds_of_another_schema(
     expected = crds.schema_hashes()[crd]
     kubectl("annotate", "crd", crd, f"{key}=0ld5chema", "--overwrite")
     try:
-        other = OperatorProcess(operator.kubeconfig, operator.nats_url, tmp_path)
+        other = operator_process(operator.kubeconfig, operator.nats_url, tmp_path)
         log = tmp_path / "stale.log"
         proc = processes.start(
             "stale-operator",

@@ -19,14 +19,16 @@ from typing import Any
 
 import pytest
 from tests.conftest import SESSION_TRUST
-from tests.operator_stack import FAKE_WORKERS, OperatorProcess
+from tests.operator_stack import FAKE_WORKERS
 
 from polyrl.api import access, natsjwt
 from polyrl.api.launch import NATS_USER_FILE, Role
 from polyrl.api.naming import JobNames
 from polyrl.operator import natsusers, render
 from polyrl.testing.cluster import Cluster
-from polyrl.testing.kube import Kubectl, wait_for
+from polyrl.testing.kube import Kubectl
+from polyrl.testing.operatorprocess import OperatorProcess
+from polyrl.testing.waiting import wait_until
 
 from .helpers import apply, find, get, job_doc, live, pods, reasons, wait_running
 
@@ -55,7 +57,7 @@ def test_each_role_gets_its_own_signed_user_that_its_pods_read_and_the_job_owns(
 ) -> None:
     doc = job_doc("users")
     apply(kubectl, ns, doc)
-    secret = wait_for("the users Secret", lambda: find(kubectl, ns, "secret", "users-nats-users"))
+    secret = wait_until("the users Secret", lambda: find(kubectl, ns, "secret", "users-nats-users"))
     job = get(kubectl, ns, "rlj", "users")
     assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     claims = creds_of(secret)
@@ -68,7 +70,7 @@ def test_each_role_gets_its_own_signed_user_that_its_pods_read_and_the_job_owns(
         assert signed["nats"]["issuer_account"] == SESSION_TRUST.account.public
         assert signed["nats"]["pub"]["allow"] == grant.publish
         assert signed["nats"]["sub"]["allow"] == grant.subscribe
-    keys = wait_for(
+    keys = wait_until(
         "the job's pods",
         lambda: found if len(found := pod_keys(kubectl, ns, "users")) >= 3 else None,
     )
@@ -84,7 +86,7 @@ def test_each_role_gets_its_own_signed_user_that_its_pods_read_and_the_job_owns(
 
     doc["spec"]["policies"].append({"name": "judge", "model": {"path": "tiny-llama://j"}})
     apply(kubectl, ns, doc)
-    wait_for(
+    wait_until(
         "the new policy's users",
         lambda: "rollout-judge.creds" in get(kubectl, ns, "secret", "users-nats-users")["data"],
     )
@@ -93,7 +95,7 @@ def test_each_role_gets_its_own_signed_user_that_its_pods_read_and_the_job_owns(
     assert "trainer-judge.creds" in again
 
     kubectl("delete", "rlj", "users", "-n", ns)
-    wait_for(
+    wait_until(
         "the users Secret to go with its job",
         lambda: find(kubectl, ns, "secret", "users-nats-users") is None,
         timeout=60,
@@ -126,7 +128,7 @@ def test_users_are_renewed_while_the_job_lives_and_reach_its_running_pods(
 ) -> None:
     ns = short_lived_users
     apply(kubectl, ns, job_doc("renew"))
-    secret = wait_for("the users Secret", lambda: find(kubectl, ns, "secret", "renew-nats-users"))
+    secret = wait_until("the users Secret", lambda: find(kubectl, ns, "secret", "renew-nats-users"))
     first = natsusers.parse_stamp(secret["metadata"]["annotations"][natsusers.A_EXPIRES])
     assert first is not None
     assert first <= time.time() + TTL
@@ -138,7 +140,7 @@ def test_users_are_renewed_while_the_job_lives_and_reach_its_running_pods(
         stamp = natsusers.parse_stamp(now["metadata"]["annotations"][natsusers.A_EXPIRES])
         return now if stamp is not None and stamp > first else None
 
-    later = wait_for("the users to be renewed", renewed, timeout=3 * TTL)
+    later = wait_until("the users to be renewed", renewed, timeout=3 * TTL)
     expires = natsusers.parse_stamp(later["metadata"]["annotations"][natsusers.A_EXPIRES])
     claims = creds_of(later)
     assert {c["exp"] for c in claims.values()} == {expires}  # every user, the same new exp
@@ -153,12 +155,12 @@ def test_users_are_renewed_while_the_job_lives_and_reach_its_running_pods(
         return held != before and held == base64.b64decode(now).decode()
 
     # The node agent re-syncs the pod's volume, as a kubelet does.
-    wait_for("the rollout pod's file to hold its renewed user", pod_has_the_renewed_user)
+    wait_until("the rollout pod's file to hold its renewed user", pod_has_the_renewed_user)
     assert get(kubectl, ns, "pod", name)["metadata"]["uid"] == pod["metadata"]["uid"]  # no restart
     assert "NatsUsersRenewed" in reasons(kubectl, ns, "renew")
 
     kubectl("delete", "rlj", "renew", "-n", ns)
-    wait_for(
+    wait_until(
         "the users Secret to go with its job",
         lambda: find(kubectl, ns, "secret", "renew-nats-users") is None,
         timeout=60,

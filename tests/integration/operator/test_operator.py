@@ -12,11 +12,13 @@ from typing import Any
 import nats
 import pytest
 import yaml
+from tests.operator_stack import operator_process
 
 from polyrl.api.messages import Heartbeat
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
-from polyrl.testing.kube import Kubectl, condition, wait_for
+from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.waiting import wait_until
 
 from .conftest import OperatorProcess
 from .helpers import (
@@ -35,6 +37,7 @@ from .helpers import (
 )
 
 SOLVER = "polyrl.dev/policy-group={job}-solver,polyrl.dev/role={role}"
+TOKENS_PER_SECOND = 7.5  # what the test's "serving" heartbeat says, to find in the status
 
 
 async def _streams(url: str) -> set[str]:
@@ -75,7 +78,7 @@ def test_applying_the_example_creates_groups_pods_service_and_streams(
     svc = get(kubectl, ns, "service", f"{job}-solver-trainer")
     assert svc["spec"]["clusterIP"] == "None"
     names = JobNames(namespace=ns, job=job)
-    streams = wait_for(
+    streams = wait_until(
         "the job's NATS streams",
         lambda: (
             s
@@ -95,7 +98,7 @@ def test_get_shows_printer_columns_and_describe_shows_conditions_and_events(
     kubectl: Kubectl, ns: str
 ) -> None:
     apply(kubectl, ns, job_doc("cols", rollout={"replicas": 2}))
-    wait_for(
+    wait_until(
         "job Running",
         lambda: get(kubectl, ns, "rlj", "cols").get("status", {}).get("phase") == "Running",
     )
@@ -121,7 +124,7 @@ def test_scaling_a_group_creates_and_drains_pods(kubectl: Kubectl, ns: str) -> N
     wait_running(kubectl, ns, rollouts, 1)
     kubectl("scale", "pg", "scale-solver", "-n", ns, "--replicas=5")
     assert wait_running(kubectl, ns, rollouts, 5) == [f"scale-solver-rollout-{i}" for i in range(5)]
-    pg = wait_for(
+    pg = wait_until(
         "status.replicas 5",
         lambda: (
             g
@@ -132,7 +135,7 @@ def test_scaling_a_group_creates_and_drains_pods(kubectl: Kubectl, ns: str) -> N
     assert pg["status"]["selector"].endswith("!polyrl.dev/draining")
     kubectl("scale", "pg", "scale-solver", "-n", ns, "--replicas=2")
     # No worker runs in this namespace, so no pod ever said it serves: each goes at once.
-    wait_for(
+    wait_until(
         "scale-down to 2 pods", lambda: len(live(pods(kubectl, ns, rollouts))) == 2, timeout=30
     )
     assert running_names(kubectl, ns, rollouts) == [
@@ -141,7 +144,7 @@ def test_scaling_a_group_creates_and_drains_pods(kubectl: Kubectl, ns: str) -> N
     ]
     # The pass deletes the pods, then patches status, then posts its events: the deletion
     # we just saw can come before the event.
-    wait_for("a Deleted event", lambda: "Deleted" in reasons(kubectl, ns, "scale-solver"))
+    wait_until("a Deleted event", lambda: "Deleted" in reasons(kubectl, ns, "scale-solver"))
 
 
 async def _say_serving(url: str, ns: str, job: str, pod: str) -> None:
@@ -151,7 +154,14 @@ async def _say_serving(url: str, ns: str, job: str, pod: str) -> None:
     try:
         names = JobNames(namespace=ns, job=job)
         kv = await nc.jetstream().key_value(names.heartbeats_bucket)
-        beat = Heartbeat(pod=pod, role="rollout", policy="solver", state="serving", at=time.time())
+        beat = Heartbeat(
+            pod=pod,
+            role="rollout",
+            policy="solver",
+            state="serving",
+            at=time.time(),
+            tokens_per_second=TOKENS_PER_SECOND,
+        )
         await kv.put(
             JobNames.heartbeat_key("solver", "rollout", pod), beat.model_dump_json().encode()
         )
@@ -166,10 +176,16 @@ def test_a_pod_that_served_but_does_not_drain_is_deleted_after_the_drain_timeout
     rollouts = SOLVER.format(job="stuck", role="rollout")
     wait_running(kubectl, ns, rollouts, 2)
     asyncio.run(_say_serving(nats_server.url, ns, "stuck", "stuck-solver-rollout-1"))
-    time.sleep(1)  # the operator's heartbeat watch sees it
+    wait_until(  # the operator's heartbeat watch saw it: the group counts the pod's figures
+        "the group to report the heartbeat's tokens per second",
+        lambda: (
+            get(kubectl, ns, "pg", "stuck-solver").get("status", {}).get("tokensPerSecond")
+            == TOKENS_PER_SECOND
+        ),
+    )
     started = time.monotonic()
     kubectl("scale", "pg", "stuck-solver", "-n", ns, "--replicas=1")
-    draining = wait_for(
+    draining = wait_until(
         "the pod labelled draining",
         lambda: next(
             (
@@ -181,9 +197,11 @@ def test_a_pod_that_served_but_does_not_drain_is_deleted_after_the_drain_timeout
         ),
     )
     assert draining["metadata"]["name"] == "stuck-solver-rollout-1"
-    wait_for("the pod deleted", lambda: len(live(pods(kubectl, ns, rollouts))) == 1, timeout=30)
+    wait_until("the pod deleted", lambda: len(live(pods(kubectl, ns, rollouts))) == 1, timeout=30)
     assert time.monotonic() - started >= 3  # drainTimeoutSeconds: nothing confirmed the drain
-    wait_for("a DrainTimeout event", lambda: "DrainTimeout" in reasons(kubectl, ns, "stuck-solver"))
+    wait_until(
+        "a DrainTimeout event", lambda: "DrainTimeout" in reasons(kubectl, ns, "stuck-solver")
+    )
 
 
 def test_an_hpa_with_min_replicas_scales_a_group_through_its_scale_subresource(
@@ -255,7 +273,7 @@ def test_a_second_group_adds_capacity_in_another_region_without_a_trainer(
             if e["name"] == "POLYRL_WORKER_CONFIG"
         )
         assert '"policy":"solver"' in config  # the same policy, so the same request queue
-    wait_for(
+    wait_until(
         "the job counting 3 rollouts",
         lambda: get(kubectl, ns, "rlj", "multi").get("status", {}).get("rollouts") == "3/3",
     )
@@ -310,7 +328,7 @@ def test_a_rollout_pod_deleted_by_hand_is_replaced(kubectl: Kubectl, ns: str) ->
     wait_running(kubectl, ns, rollouts, 2)
     old = get(kubectl, ns, "pod", "heal-solver-rollout-1")["metadata"]["uid"]
     kubectl("delete", "pod", "heal-solver-rollout-1", "-n", ns, "--wait=false")
-    wait_for(
+    wait_until(
         "a replacement pod",
         lambda: (
             (
@@ -333,7 +351,7 @@ def test_failing_rollout_pods_are_replaced_with_growing_backoff(kubectl: Kubectl
     for failures in (1, 2, 3):
         failed = time.monotonic()
         fail_pod(kubectl, ns, "crash-solver-rollout-0")
-        pg = wait_for(
+        pg = wait_until(
             f"failure {failures} counted",
             lambda f=failures: (  # type: ignore[misc]
                 g
@@ -364,18 +382,18 @@ def test_a_failing_trainer_restarts_up_to_its_limit_then_the_job_fails(
     trainers = SOLVER.format(job="tr", role="trainer")
     wait_running(kubectl, ns, trainers, 1)
     fail_pod(kubectl, ns, "tr-solver-trainer-0")
-    wait_for(
+    wait_until(
         "one trainer restart",
         lambda: get(kubectl, ns, "pg", "tr-solver")["status"].get("trainerRestarts") == 1,
     )
     # Events are posted after the status patch of the same pass (report.publish).
-    wait_for(
+    wait_until(
         "a TrainerRestarted event", lambda: "TrainerRestarted" in reasons(kubectl, ns, "tr-solver")
     )
     wait_running(kubectl, ns, trainers, 1, timeout=30)
     fail_pod(kubectl, ns, "tr-solver-trainer-0")
     wait_condition(kubectl, ns, "pg", "tr-solver", "TrainerHealthy", "RestartLimitExceeded")
-    job = wait_for(
+    job = wait_until(
         "job Failed",
         lambda: (
             j
@@ -384,7 +402,7 @@ def test_a_failing_trainer_restarts_up_to_its_limit_then_the_job_fails(
         ),
     )
     assert condition(job, "Stopped") == "True"
-    wait_for("pods freed", lambda: live(pods(kubectl, ns, "polyrl.dev/job=tr")) == [])
+    wait_until("pods freed", lambda: live(pods(kubectl, ns, "polyrl.dev/job=tr")) == [])
 
 
 def test_editing_the_image_rolls_out_to_every_pod(kubectl: Kubectl, ns: str) -> None:
@@ -403,7 +421,7 @@ def test_editing_the_image_rolls_out_to_every_pod(kubectl: Kubectl, ns: str) -> 
         running = running_names(kubectl, ns, "polyrl.dev/job=roll")
         return found if found == {"worker:2"} and len(running) == 4 else None
 
-    wait_for("every pod on worker:2", images, timeout=60)
+    wait_until("every pod on worker:2", images, timeout=60)
 
 
 def test_editing_the_jobs_rollout_replicas_warns_and_keeps_the_scaled_group(
@@ -416,7 +434,7 @@ def test_editing_the_jobs_rollout_replicas_warns_and_keeps_the_scaled_group(
     wait_running(kubectl, ns, SOLVER.format(job="seed", role="rollout"), 3)
     doc["spec"]["policies"][0]["rollout"]["replicas"] = 2
     apply(kubectl, ns, doc)
-    wait_for(
+    wait_until(
         "a RolloutReplicasIgnored warning",
         lambda: "RolloutReplicasIgnored" in reasons(kubectl, ns, "seed"),
     )
@@ -429,11 +447,11 @@ def test_deleting_a_job_removes_its_children_and_its_streams(
     apply(kubectl, ns, job_doc("gone"))
     wait_running(kubectl, ns, "polyrl.dev/job=gone", 3)
     names = JobNames(namespace=ns, job="gone")
-    wait_for(
+    wait_until(
         "streams", lambda: names.requests_stream("solver") in asyncio.run(_streams(nats_server.url))
     )
     kubectl("delete", "rlj", "gone", "-n", ns, "--timeout=60s")
-    wait_for(
+    wait_until(
         "children garbage-collected",
         lambda: (
             not kubectl.json("get", "pg,pods,svc", "-n", ns, "-l", "polyrl.dev/job=gone")["items"]
@@ -464,7 +482,7 @@ def test_restarting_the_operator_creates_no_duplicates_and_keeps_status(
     # The job turns Running a group pass and a job pass after its pods do (and is Pending
     # again while the 4th rollout starts): compare settled phases, not whatever a read
     # right after the pods catches.
-    status = wait_for(
+    status = wait_until(
         "job Running",
         lambda: (
             s
@@ -478,7 +496,7 @@ def test_restarting_the_operator_creates_no_duplicates_and_keeps_status(
     after = {p["metadata"]["uid"] for p in pods(kubectl, ns, "polyrl.dev/job=steady")}
     assert uids < after  # nothing replaced, one added
     assert len(before) == 5
-    kept = wait_for(
+    kept = wait_until(
         f"job {status['phase']} again",
         lambda: (
             s
@@ -495,10 +513,10 @@ def test_suspend_frees_every_pod_and_resume_brings_them_back(kubectl: Kubectl, n
     wait_running(kubectl, ns, "polyrl.dev/job=nap", 3)
     doc["spec"]["suspend"] = True
     apply(kubectl, ns, doc)
-    wait_for("pods freed", lambda: live(pods(kubectl, ns, "polyrl.dev/job=nap")) == [])
+    wait_until("pods freed", lambda: live(pods(kubectl, ns, "polyrl.dev/job=nap")) == [])
     # The job pass deletes the workflow runner before it patches its phase (and the group
     # frees its pods on its own): the phase can trail the pods.
-    wait_for(
+    wait_until(
         "job Suspended",
         lambda: get(kubectl, ns, "rlj", "nap").get("status", {}).get("phase") == "Suspended",
     )
@@ -516,7 +534,7 @@ def test_unschedulable_rollouts_become_a_condition(kubectl: Kubectl, ns: str) ->
 @pytest.mark.slow
 def test_stop_steps_ends_the_job_and_frees_its_pods(kubectl: Kubectl, exec_ns: str) -> None:
     apply(kubectl, exec_ns, job_doc("short", stop={"steps": 6}))
-    job = wait_for(
+    job = wait_until(
         "job Succeeded",
         lambda: (
             j
@@ -530,7 +548,7 @@ def test_stop_steps_ends_the_job_and_frees_its_pods(kubectl: Kubectl, exec_ns: s
     assert job["status"]["policies"][0]["reward"] > 0  # the trainer's heartbeat reaches status
     assert job["status"]["completionTime"]
     assert condition(job, "Stopped") == "True"
-    wait_for(
+    wait_until(
         "pods freed", lambda: live(pods(kubectl, exec_ns, "polyrl.dev/job=short")) == [], timeout=60
     )
     assert get(kubectl, exec_ns, "rlj", "short")["status"]["phase"] == "Succeeded"
@@ -578,10 +596,10 @@ def test_a_second_operator_takes_over_and_the_first_pauses_instead_of_fighting(
     kubectl: Kubectl, ns: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     # Peering priority is the start time: the newest operator acts, older ones pause.
-    second = OperatorProcess(operator.kubeconfig, operator.nats_url, tmp_path)
+    second = operator_process(operator.kubeconfig, operator.nats_url, tmp_path)
     second.start()
     try:
-        wait_for(
+        wait_until(
             "the first operator to pause in favour of the second",
             lambda: "Pausing operations in favour of" in operator.log(),
             timeout=30,
@@ -592,7 +610,7 @@ def test_a_second_operator_takes_over_and_the_first_pauses_instead_of_fighting(
         assert log.rfind("Pausing operations in favour of") > log.rfind("Resuming operations")
     finally:
         second.stop()
-    wait_for(
+    wait_until(
         "the first operator to resume",
         lambda: (
             (log := operator.log()).rfind("Resuming operations")

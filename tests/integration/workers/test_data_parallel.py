@@ -30,6 +30,7 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.rollout import main as rollout_main
 from polyrl.workers.runner import main as runner_main
 from polyrl.workers.runtime.worker import Runtime
@@ -211,16 +212,19 @@ async def test_a_torchrun_trainer_with_two_ranks_trains_and_its_rollouts_follow(
             asyncio.create_task(rollout.run()),
             asyncio.create_task(runner_main.build_workflow(workers[1]).run()),
         ]
-        for _ in range(600):
-            if proc.popen is not None and proc.popen.poll() is not None:
-                break
-            await asyncio.sleep(0.5)
+        await wait_until_async(
+            f"the trainer to exit (its log: {tmp_path / 'trainer.log'})",
+            lambda: proc.popen is not None and proc.popen.poll() is not None,
+            timeout=300,
+            interval=0.5,
+        )
         # The rollout worker applies new weights between batches, on its own schedule: the
-        # trainer can publish version 1 and exit before that. Let it catch up while it runs.
-        for _ in range(300):
-            if rollout.engine.version >= 1 or proc.popen is None or proc.popen.returncode:
-                break
-            await asyncio.sleep(0.1)
+        # trainer can publish version 1 and exit before that. Let it catch up while it runs
+        # (unless the trainer failed: asserted below, with its log).
+        await wait_until_async(
+            "the rollout worker on version 1",
+            lambda: rollout.engine.version >= 1 or proc.popen is None or proc.popen.returncode,
+        )
         for rt in workers:
             rt.stopping.set()
         await asyncio.gather(*running, return_exceptions=True)

@@ -25,6 +25,7 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.wire import Completion, GenerationResponse, Trajectory
 from polyrl.local.natsserver import NatsServer
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.runner import main as runner_main
 from polyrl.workers.runtime.worker import Runtime
 from polyrl.workers.trainer import leader as trainer
@@ -50,12 +51,6 @@ async def connect(url: str, names: JobNames, role: Role) -> Runtime:
     return await Runtime.connect(config, f"{role}-0")
 
 
-async def until(done: object, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not done() and time.monotonic() < deadline:  # type: ignore[operator]  # noqa: ASYNC110
-        await asyncio.sleep(0.05)
-
-
 async def test_fuzzed_replies_to_the_workflow_runner_are_dead_lettered_and_it_runs_on(
     job: tuple[NatsClient, JobNames], nats_server: NatsServer
 ) -> None:
@@ -74,10 +69,16 @@ async def test_fuzzed_replies_to_the_workflow_runner_are_dead_lettered_and_it_ru
     messages = fuzzing.examples(fuzzing.mutants(valid), 300)
     expected = sum(fuzzing.malformed(GenerationResponse, m) for m in messages)
     try:
-        await until(lambda: bool(rt.nc.is_connected) and runner.rt.state == WorkerState.SERVING)
+        await wait_until_async(
+            "the runner connected and serving",
+            lambda: bool(rt.nc.is_connected) and runner.rt.state == WorkerState.SERVING,
+            timeout=60,
+        )
         for message in messages:
-            await nc.publish(runner.inbox, message)
-        await until(lambda: rt.dead_letters >= expected)
+            await nc.publish(runner.generation.inbox, message)
+        await wait_until_async(
+            f"{expected} dead letters", lambda: rt.dead_letters >= expected, timeout=60
+        )
         assert rt.dead_letters == expected
         assert expected >= len(messages) // 2
         assert not running.done()

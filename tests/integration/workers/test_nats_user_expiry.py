@@ -27,6 +27,7 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.nodeagent import volumes
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.runtime.worker import Runtime
 
 pytestmark = pytest.mark.slow
@@ -68,13 +69,6 @@ def exp_of(creds: str) -> int:
     return int(natsjwt.decode(token)["exp"])
 
 
-async def wait_until(what: str, done: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_a_user_is_dropped_and_refused_once_its_jwt_expires(
     trusted: Trusted, tmp_path: Path
 ) -> None:
@@ -102,7 +96,7 @@ async def test_a_user_is_dropped_and_refused_once_its_jwt_expires(
     refusals.append(str(nc.last_error))  # the live connection, dropped by the server
     # The server compares whole seconds: in the second of `exp` it still admits the user
     # (and drops it at once); from the next one on it refuses the CONNECT.
-    await wait_until("the second after the expiry", lambda: time.time() >= exp_of(text) + 1)
+    await wait_until_async("the second after the expiry", lambda: time.time() >= exp_of(text) + 1)
     again = Client()
     try:
         with pytest.raises(nats.errors.Error) as refused:
@@ -155,8 +149,8 @@ async def test_a_worker_reconnects_with_its_renewed_creds_file_when_its_user_exp
     try:
         drain = await rt.nc.subscribe(NAMES.drain_subject(POLICY, "rollout-0"))
         kubelet_writes(trusted.rollout_creds(lasting=60))  # the operator renewed the user
-        await wait_until("the server to drop the expired user", lambda: time.time() > expires)
-        await wait_until(
+        await wait_until_async("the server to drop the expired user", lambda: time.time() > expires)
+        await wait_until_async(
             "the worker to reconnect",
             lambda: rt.nc.stats["reconnects"] >= 1 and rt.nc.is_connected,
         )

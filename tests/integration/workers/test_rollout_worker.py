@@ -26,6 +26,7 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec
 from polyrl.api.wire import DeadLetter, GenerationRequest, GenerationResponse
 from polyrl.local.natsserver import NatsServer
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.models import loading as models
 from polyrl.workers.models.chartokenizer import build_tokenizer
 from polyrl.workers.rollout import main as rollout_main
@@ -96,8 +97,8 @@ async def setup(
     rt = await Runtime.connect(config, "rollout-0")
     worker = await rollout_main.build_rollout(rt, bundle_timeout=30)
     task = asyncio.create_task(worker.run())
-    while rt.state != WorkerState.SERVING:  # noqa: ASYNC110 (subscribed to drain and queue)
-        await asyncio.sleep(0.05)
+    # Serving: subscribed to its drain subject and its queue.
+    await wait_until_async("the worker serving", lambda: rt.state == WorkerState.SERVING)
     yield nc, names, trainer, publisher, worker, task
     rt.stopping.set()
     await asyncio.wait_for(task, timeout=30)
@@ -150,10 +151,7 @@ async def test_requests_are_answered_with_completions_logprobs_and_the_weight_ve
             assert len(completion.logprobs) == len(completion.tokens)
             assert all(lp <= 0.0 for lp in completion.logprobs)
     # The worker counts a request once it is acked, which is after the reply we just read.
-    for _ in range(100):
-        if worker.served >= 3:
-            break
-        await asyncio.sleep(0.05)
+    await wait_until_async("3 requests served", lambda: worker.served >= 3, timeout=5)
     assert worker.served == 3
 
 
@@ -163,11 +161,11 @@ async def test_new_weights_are_applied_bit_identically_between_batches(setup: An
         for p in trainer.model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     await publisher.publish(trainer.state())
-    for _ in range(60):
-        replies = await ask(nc, names, ["1+1="], n=1)
-        if replies[0].weight_version == 1:
-            break
-    assert replies[0].weight_version == 1
+
+    async def answers_from_version_1() -> bool:
+        return (await ask(nc, names, ["1+1="], n=1))[0].weight_version == 1
+
+    await wait_until_async("a reply from weight version 1", answers_from_version_1, timeout=60)
     served = worker.engine.weights()
     for name, tensor in trainer.state().items():
         assert torch.equal(served[name].view(torch.int16), tensor.view(torch.int16)), name
@@ -240,10 +238,9 @@ async def test_fuzzed_requests_are_dead_lettered_exactly_when_malformed_and_serv
         await nc.jetstream().publish(
             names.requests_subject("solver"), message, headers={"Nats-Msg-Id": uuid.uuid4().hex}
         )
-    for _ in range(600):
-        if worker.rt.dead_letters >= expected:
-            break
-        await asyncio.sleep(0.1)
+    await wait_until_async(
+        f"{expected} dead letters", lambda: worker.rt.dead_letters >= expected, timeout=60
+    )
     assert worker.rt.dead_letters == expected
     assert not task.done()
     assert (await ask(nc, names, ["2+2="], n=1))[0].completions  # still serving
@@ -270,10 +267,10 @@ async def test_fuzzed_announcements_are_dead_lettered_once_and_the_replica_keeps
         chunk, before = bad[start : start + 40], worker.rt.dead_letters
         for message in chunk:
             await js.publish(names.weights_subject("solver"), message)
-        for _ in range(300):
-            if worker.rt.dead_letters >= before + len(chunk):
-                break
-            await asyncio.sleep(0.1)
+        await wait_until_async(
+            f"{len(chunk)} more dead letters",
+            lambda: worker.rt.dead_letters >= before + len(chunk),  # noqa: B023
+        )
         assert worker.rt.dead_letters == before + len(chunk)
     assert not task.done()
     assert (await ask(nc, names, ["2+2="], n=1))[0].weight_version == 0
@@ -281,9 +278,11 @@ async def test_fuzzed_announcements_are_dead_lettered_once_and_the_replica_keeps
         for p in trainer.model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     await publisher.publish(trainer.state())
-    for _ in range(60):
-        if (await ask(nc, names, ["1+1="], n=1))[0].weight_version == 1:
-            break
+
+    async def answers_from_version_1() -> bool:
+        return (await ask(nc, names, ["1+1="], n=1))[0].weight_version == 1
+
+    await wait_until_async("a reply from weight version 1", answers_from_version_1, timeout=60)
     assert worker.engine.version == 1
     assert worker.rt.dead_letters == len(bad)  # each once, however often it was read
 
@@ -300,10 +299,7 @@ async def test_fuzzed_drain_requests_are_dead_lettered_and_the_replica_keeps_ser
     assert len(bad) >= 50
     for message in bad:
         await nc.publish(names.drain_subject("solver", "rollout-0"), message)
-    for _ in range(300):
-        if worker.rt.dead_letters >= len(bad):
-            break
-        await asyncio.sleep(0.1)
+    await wait_until_async(f"{len(bad)} dead letters", lambda: worker.rt.dead_letters >= len(bad))
     assert worker.rt.dead_letters == len(bad)
     assert not task.done()
     assert not worker.draining.is_set()

@@ -19,6 +19,7 @@ from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers import preflight
 from polyrl.workers.rollout import main as rollout_main
 from polyrl.workers.runner import main as runner_main
@@ -108,10 +109,9 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
         first = await asyncio.wait_for(training, timeout=300)
         # The rollout worker applies new weights between batches, on its own schedule: the
         # trainer can publish version 1 and finish before that. Let it catch up while it runs.
-        for _ in range(300):
-            if rollout.engine.version >= 1:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until_async(
+            "the rollout worker on version 1", lambda: rollout.engine.version >= 1
+        )
     finally:
         for rt in (rollout_rt, runner_rt):
             rt.stopping.set()
@@ -175,6 +175,7 @@ async def test_sync_mode_trains_each_step_only_on_samples_of_the_current_weights
     # a round is exactly one batch (2 episodes x 4 samples).
     assert all(x["staleness"] == 0 and x["stale_dropped"] == 0 for x in lines), lines
     assert all(x["staleness_0"] == 1.0 for x in lines), lines  # every sample of age 0
-    assert runner.gate is not None
-    assert runner.gate.rounds >= 3
-    assert runner.gate.waited > 0  # the runner did wait for each step's weights
+    gate = runner.admission.gate
+    assert gate is not None
+    assert gate.rounds >= 3
+    assert gate.waited > 0  # the runner did wait for each step's weights

@@ -24,7 +24,7 @@ from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec, UniformGroups
 from polyrl.api.wire import Completion, GenerationResponse, Trajectory
 from polyrl.local.natsserver import NatsServer
-from polyrl.workers import workflows
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.errors import StorageFull
 from polyrl.workers.models import loading as models
 from polyrl.workers.rollout import main as rollout_main
@@ -147,15 +147,11 @@ async def test_episodes_become_rewarded_trajectories_for_each_policy(
         # An episode counts only once its workflow returns: after its last emit and, for
         # solver-verifier, after its verifier answers, which rollout workers that were already
         # told to stop may never send. Wait for the count while everything still runs.
-        for _ in range(600):
-            if runner.episodes >= 2:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until_async("2 episodes done", lambda: runner.episodes >= 2, timeout=60)
     finally:
         await stop_workers(runtimes, tasks)
         await nc.close()
-    assert runner.episodes >= 2
-    assert workflows.load_workflow(workflow) is not None
+    assert runner.workflow.name == workflow  # the runner ran the workflow the job names
     # How well the verifier judged, per window of its versions, flushed when the runner stopped:
     # two answers of every finished episode, each judged a group of times.
     judged = (
@@ -186,20 +182,20 @@ async def test_the_runner_tracks_which_trainers_still_warm_up_and_which_are_done
         spec=spec("solver-verifier"),
     )
     rt = await Runtime.connect(config, "workflow-0")
-    runner = runner_main.build_workflow(rt)
-    watcher = asyncio.create_task(runner._watch_trainers())
+    watch = runner_main.build_workflow(rt).trainers
+    watcher = asyncio.create_task(watch.watch())
     try:
-        assert runner.warming == {"solver", "verifier"}  # nothing polled yet
-        await runner._poll_trainers()
+        assert watch.warming == {"solver", "verifier"}  # nothing polled yet
+        await watch.poll()
         # The verifier's trainer has announced nothing: it is still warming up.
-        assert (runner.warming, runner.finished) == ({"verifier"}, set())
+        assert (watch.warming, watch.finished) == ({"verifier"}, set())
         await publish_policy(nc.jetstream(), names, "verifier", tmp_path / "v", final=True)
-        await runner._poll_trainers()
-        assert (runner.warming, runner.finished) == (set(), {"verifier"})  # the solver goes on
+        await watch.poll()
+        assert (watch.warming, watch.finished) == (set(), {"verifier"})  # the solver goes on
         # A trainer started again (a new epoch) publishes non-final versions: ask it again.
         await publish_policy(nc.jetstream(), names, "verifier", tmp_path / "again", epoch=1)
-        await runner._poll_trainers()
-        assert (runner.warming, runner.finished) == (set(), set())
+        await watch.poll()
+        assert (watch.warming, watch.finished) == (set(), set())
     finally:
         watcher.cancel()
         await rt.close()
@@ -221,9 +217,9 @@ async def test_in_sync_mode_no_trainer_counts_as_warming_since_rounds_wait_for_a
     )
     rt = await Runtime.connect(config, "workflow-0")
     try:
-        runner = runner_main.build_workflow(rt)
-        await runner._poll_trainers()  # nothing announced
-        assert runner.warming == set()
+        watch = runner_main.build_workflow(rt).trainers
+        await watch.poll()  # nothing announced
+        assert watch.warming == set()
     finally:
         await rt.close()
         await nc.close()
@@ -260,13 +256,18 @@ async def test_async_runs_ask_each_policy_only_while_its_trainer_can_take_more(
     async def settled() -> dict[str, int]:
         """Both backlogs once nothing more arrives for a second."""
         last: dict[str, int] = {}
-        for _ in range(120):
-            await asyncio.sleep(1.0)
+
+        async def unchanged() -> dict[str, int] | None:
+            nonlocal last
             now = {policy: await backlog(policy) for policy in trainers}
-            if now == last and not any(runner.staleness.in_flight.values()):  # type: ignore[union-attr]
-                return now
+            staleness = runner.admission.staleness
+            idle = now == last and not any(staleness.in_flight.values())  # type: ignore[union-attr]
             last = now
-        raise AssertionError(f"the backlogs never settled: {last}")
+            return now if idle else None
+
+        return await wait_until_async(
+            "both backlogs unchanged for a second", unchanged, timeout=120, interval=1.0
+        )
 
     verdicts = []
     try:
@@ -313,8 +314,8 @@ async def test_async_requests_wait_for_the_weights_the_trainers_heartbeat_says_i
     sub = await js.subscribe(names.trajectories_subject("solver"))
     runtimes, tasks, runner = await start_workers(nats_server.url, js, names, job, tmp_path)
     try:
-        await asyncio.wait_for(runner.versions_read.wait(), 10)  # before its first episode
-        assert runner.trainer_versions == {"solver": 3}
+        await asyncio.wait_for(runner.trainers.versions_read.wait(), 10)  # before its first episode
+        assert runner.trainers.versions == {"solver": 3}
         with pytest.raises(nats.errors.TimeoutError):
             await sub.next_msg(timeout=3)  # held back: version 0 is too old
         model, _ = models.make_model(
@@ -377,11 +378,12 @@ async def test_async_runs_send_no_uniform_groups_of_a_policy_that_refills_its_ba
     if uniform == "refill":
         assert kinds == {"mixed"}
         # Whole episodes only, each sending its four differing samples and leaving out four.
-        sent, left_out = runner.leave_out.sent["solver"], runner.leave_out.left_out["solver"]
+        leave_out = runner.emission.leave_out
+        sent, left_out = leave_out.sent["solver"], leave_out.left_out["solver"]
         assert sent == left_out == 4 * runner.episodes
     else:  # skip: the trainer leaves them out, the runner sends everything
         assert kinds == {"alike", "mixed"}
-        assert runner.leave_out.left_out == {}
+        assert runner.emission.leave_out.left_out == {}
 
 
 async def settled_then_stuck(episode: Episode) -> None:
@@ -461,10 +463,11 @@ async def test_prompts_a_policy_cannot_take_drop_their_episodes_counted_and_the_
     runner.workflow = FunctionWorkflow(long_short_and_chat, "long-short-and-chat")
     try:
         got = await collect(nc, names, "solver", 6)
-        for _ in range(600):
-            if runner.dropped_prompts >= 2 and runner.episodes >= 1:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until_async(
+            "2 dropped prompts and an episode done",
+            lambda: runner.dropped_prompts >= 2 and runner.episodes >= 1,
+            timeout=60,
+        )
         await runner.rt.beat()  # the counts reach the runner's heartbeat
         entry = await nc.jetstream().key_value(names.heartbeats_bucket)
         beat = Heartbeat.model_validate_json(
@@ -506,7 +509,7 @@ async def test_a_reward_failing_on_every_sample_stops_the_runner_as_invalid_inpu
         nats_server.url, nc.jetstream(), names, job, tmp_path
     )
     runner.task = RewardAlwaysFails(runner.task)
-    runner.reward_health.limit = 12
+    runner.accounts.reward_health.limit = 12
     try:
         done, _ = await asyncio.wait([tasks[-1]], timeout=60)
         assert done, "the runner went on with a reward that never works"
@@ -518,7 +521,7 @@ async def test_a_reward_failing_on_every_sample_stops_the_runner_as_invalid_inpu
     assert "failed on the last" in str(error)
     assert "raised KeyError('answer')" in str(error)
     assert runner.dropped_samples >= 12
-    assert runner.reward_health.scored == 0
+    assert runner.accounts.reward_health.scored == 0
 
 
 async def test_a_full_request_queue_stops_the_runner_saying_so_instead_of_hanging(
@@ -573,10 +576,11 @@ async def test_a_runner_replacing_one_of_the_same_name_sends_requests_the_queue_
             runner.drain_timeout = 0.5
             running = asyncio.create_task(runner.run())
             concurrency = runner.concurrency
-            for _ in range(600):
-                if await waiting() >= life * concurrency:
-                    break
-                await asyncio.sleep(0.1)
+
+            async def queued(least: int = life * concurrency) -> bool:
+                return await waiting() >= least
+
+            await wait_until_async(f"{life * concurrency} requests queued", queued, timeout=60)
             rt.stopping.set()
             await asyncio.wait_for(running, timeout=60)
             await rt.close()

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from polyrl.api.resources import PolicyStatus, RLJobSpec
-from polyrl.operator import jobs
+from polyrl.operator import jobphase
 
 
 def spec(*, solver: int | None, stop: int | None, mode: str = "async") -> RLJobSpec:
@@ -45,20 +45,20 @@ def test_own_steps_are_refused_in_sync_mode_saying_why() -> None:
 
 
 def job_pass(job: RLJobSpec, steps: dict[str, int]) -> Any:
-    """What `jobs._steps_done` reads of a reconcile pass: the spec and the policies' steps."""
+    """What `jobphase._steps_done` reads of a reconcile pass: the spec and the policies' steps."""
     policies = [PolicyStatus(name=name, step=step) for name, step in steps.items()]
     return SimpleNamespace(job=SimpleNamespace(spec=job), status=SimpleNamespace(policies=policies))
 
 
 def test_the_job_ends_once_every_policy_reached_its_own_last_step() -> None:
     job = spec(solver=400, stop=150)
-    assert not jobs._steps_done(job_pass(job, {"solver": 150, "verifier": 150}))
-    assert not jobs._steps_done(job_pass(job, {"solver": 400}))  # the verifier not reported
+    assert not jobphase._steps_done(job_pass(job, {"solver": 150, "verifier": 150}))
+    assert not jobphase._steps_done(job_pass(job, {"solver": 400}))  # the verifier not reported
     done = job_pass(job, {"solver": 400, "verifier": 150})
-    assert jobs._steps_done(done)
-    message = jobs._stop_message(cast(Any, done))
+    assert jobphase._steps_done(done)
+    message = jobphase._stop_message(cast(Any, done))
     assert message == "every policy reached its last step (solver 400, verifier 150)"
     same = spec(solver=None, stop=150)
-    assert jobs._stop_message(job_pass(same, {"solver": 150, "verifier": 151})) == (
+    assert jobphase._stop_message(job_pass(same, {"solver": 150, "verifier": 151})) == (
         "every policy reached step 150"
     )

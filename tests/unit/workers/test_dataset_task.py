@@ -45,6 +45,7 @@ def task(**params: Any) -> dataset.DatasetTask:
     return dataset.make(params, held_out=20, seed=0)
 
 
+@pytest.mark.slow  # writes the example's files and imports datasets first: 5-17 s
 def test_the_verl_and_trl_files_of_the_example_load_to_the_same_problems(math_data: Path) -> None:
     verl = task(path=str(math_data / "train.parquet"), heldOutPath=str(math_data / "test.parquet"))
     trl = task(

@@ -99,6 +99,7 @@ def buckets(draw: st.DrawFn) -> tuple[dict[str, int], int]:
     return objects, latest
 
 
+@pytest.mark.slow  # 300 examples: 10-20 s on a busy 2-core machine
 @settings(max_examples=300, deadline=None)
 @given(buckets(), st.one_of(st.none(), st.integers(0, 45)))
 def test_a_plan_always_reaches_latest_by_a_valid_chain_and_beats_both_simple_ways(
@@ -143,6 +144,7 @@ def _chain_cost(have: int, latest: int, objects: Mapping[str, int]) -> int | Non
     return rest(have)
 
 
+@pytest.mark.slow  # 300 examples: 10-20 s on a busy 2-core machine
 @settings(max_examples=300, deadline=None)
 @given(
     buckets(),

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.runner.rounds import RoundGate, per_runner_need
 
 
@@ -14,8 +15,10 @@ class Announcements:
 
     def __init__(self, **versions: int) -> None:
         self.versions = dict(versions)
+        self.reads = 0  # how often the gate looked
 
     async def __call__(self) -> dict[str, int]:
+        self.reads += 1
         return dict(self.versions)
 
 
@@ -49,7 +52,9 @@ async def test_the_next_round_starts_once_every_policy_announced_new_weights() -
     waiter = asyncio.create_task(gate.admit())
     await asyncio.sleep(0.1)
     latest.versions["solver"] = 1
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # time the waiter waits, which `waited` must count
+    seen = latest.reads + 2  # and it has seen the solver's new version
+    await wait_until_async("two more reads of the announcements", lambda: latest.reads >= seen)
     assert not waiter.done()  # the verifier has not moved on yet
     latest.versions["verifier"] = 3
     await asyncio.wait_for(waiter, timeout=1.0)

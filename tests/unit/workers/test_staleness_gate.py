@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.runner.staleness import StalenessGate
 
 
@@ -15,9 +16,17 @@ class Backlogs:
 
     def __init__(self) -> None:
         self.now: dict[str, int] = {}
+        self.reads = 0  # how often the gate looked
 
     async def __call__(self, policy: str) -> int:
+        self.reads += 1
         return self.now.get(policy, 0)
+
+    async def read_twice_more(self) -> None:
+        """Until the gate has read the backlog twice after now: a waiter that was going to
+        go on what it reads has gone on by then."""
+        target = self.reads + 2
+        await wait_until_async("two more reads of the backlog", lambda: self.reads >= target)
 
 
 def gate(backlogs: Backlogs, *, max_staleness: int = 1, runners: int = 1) -> StalenessGate:
@@ -41,7 +50,7 @@ async def test_a_policy_is_asked_while_its_queue_fits_max_staleness_plus_one_bat
         made.answered("solver", 8)
     backlogs.now["solver"] = 512
     waiting = asyncio.create_task(made.reserve("solver", 8))
-    await asyncio.sleep(0.05)
+    await backlogs.read_twice_more()
     assert not waiting.done()  # the trainer has not taken a batch yet
     backlogs.now["solver"] = 256  # it acknowledged one
     await asyncio.wait_for(waiting, 1)
@@ -56,7 +65,7 @@ async def test_several_runners_count_the_shared_backlog_by_their_share() -> None
     await asyncio.wait_for(shared.reserve("solver", 8), 1)  # 1000 / 4 + 8 <= 512
     assert alone.has_room("solver", 8) is True  # nothing read yet
     task = asyncio.create_task(alone.reserve("solver", 8))  # 1000 + 8 > 512
-    await asyncio.sleep(0.05)
+    await backlogs.read_twice_more()
     assert not task.done()
     task.cancel()
 

@@ -43,6 +43,7 @@ def adam_steps(made: learner.Learner) -> set[float]:
     return {float(state["step"]) for state in made.optimizer.state.values()}
 
 
+@pytest.mark.slow  # trains a tiny model: 1-5 s, 8-10 s beside other jobs on 2 cores
 def test_each_batch_takes_updates_per_batch_optimizer_steps_and_counts_as_one_step(
     tmp_path: Path,
 ) -> None:
@@ -55,6 +56,7 @@ def test_each_batch_takes_updates_per_batch_optimizer_steps_and_counts_as_one_st
     assert adam_steps(made) == {6.0}
 
 
+@pytest.mark.slow  # trains a tiny model: 1-5 s, 8-10 s beside other jobs on 2 cores
 def test_later_updates_measure_their_ratio_against_the_policy_before_the_first(
     tmp_path: Path,
 ) -> None:
@@ -67,6 +69,7 @@ def test_later_updates_measure_their_ratio_against_the_policy_before_the_first(
     assert abs(stats["ratio_mean"] - 1.0) > 1e-4
 
 
+@pytest.mark.slow  # trains a tiny model: 1-5 s, 8-10 s beside other jobs on 2 cores
 def test_more_updates_move_the_weights_further_from_the_same_start(tmp_path: Path) -> None:
     start = make(tmp_path / "start", 1).model.state_dict()
 

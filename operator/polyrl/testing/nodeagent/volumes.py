@@ -32,7 +32,6 @@ from typing import Any, Protocol
 
 from polyrl.local import podenv
 
-SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 REFRESH_FRACTION = 0.8  # re-request a token once this much of its lifetime has passed
 SHM_ROOT = Path("/dev/shm/polyrl-node-agent")
 

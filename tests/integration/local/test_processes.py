@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from polyrl.local import processes
+from polyrl.testing.waiting import wait_until
 
 LAUNCHER = """
 import subprocess, sys, time
@@ -20,10 +20,8 @@ time.sleep(600)
 def test_stop_all_stops_a_grandchild_in_its_own_session(tmp_path: Path) -> None:
     log = tmp_path / "launcher.log"
     proc = processes.start("launcher", [sys.executable, "-c", LAUNCHER], log=log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not log.read_text().strip():
-        time.sleep(0.05)
-    grandchild = int(log.read_text().split()[0])
+    said = wait_until("the launcher to print its child's PID", lambda: log.read_text().strip())
+    grandchild = int(said.split()[0])
     assert grandchild in processes.descendants(proc.pid)
     processes.stop_all([proc], grace=2)
     assert not proc.alive()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from polyrl.api.launch import Role
 from polyrl.local import jobfile, processes, runner
 from polyrl.local.runner import LocalRun
+from polyrl.testing.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -38,9 +38,7 @@ def test_stop_lets_the_workflow_finish_before_rollouts_and_trainers_get_sigterm(
             str(role), [sys.executable, "-c", WORKER, str(tmp_path / f"{role}.stopped")], log=log
         )
         run.roles[str(role)] = role
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "ready" not in log.read_text():
-            time.sleep(0.05)
+        wait_until(f"the {role} to say ready", lambda: "ready" in log.read_text())  # noqa: B023
     run.stop()
     assert not any(proc.alive() for proc in run.procs.values())
     stopped = {role: float((tmp_path / f"{role}.stopped").read_text()) for role in run.roles}
