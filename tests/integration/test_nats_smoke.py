@@ -72,7 +72,12 @@ def test_the_natsserver_command_prints_help_without_starting_a_server() -> None:
     assert "Ctrl-C stops it" not in proc.stdout  # what a started server prints
 
 
-def test_the_natsserver_command_serves_jetstream_until_ctrl_c() -> None:
+def _as_a_background_job() -> None:
+    """What a shell does to a command started with `&`: SIGINT ignored, inherited by exec."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_the_natsserver_command_serves_jetstream_until_ctrl_c_even_as_a_background_job() -> None:
     async def account_limits(url: str) -> object:
         nc = await nats.connect(url)
         try:
@@ -85,6 +90,7 @@ def test_the_natsserver_command_serves_jetstream_until_ctrl_c() -> None:
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_as_a_background_job,
     ) as proc:
         try:
             assert proc.stdout is not None
@@ -93,4 +99,9 @@ def test_the_natsserver_command_serves_jetstream_until_ctrl_c() -> None:
             assert asyncio.run(account_limits(line.split(" at ", 1)[1].split()[0])) is not None
         finally:
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=30) == 0
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # a failure here must not leave the server behind
+                raise
+        assert code == 0

@@ -189,8 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         trust = Trust.load(args.trust) if args.trust else None
     except ValueError as err:
         parser.error(str(err))
-    # `kill` (SIGTERM) stops it as Ctrl-C does: the server and its store go too.
+    # `kill` (SIGTERM) stops it as Ctrl-C does: the server and its store go too. Ctrl-C is
+    # installed explicitly: a shell starts background commands with SIGINT ignored, and
+    # Python keeps an inherited SIG_IGN, so `kill -INT` would otherwise do nothing.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with NatsServer(port=args.port, trust=trust) as server:
         how = f"only users of the trust in {args.trust}" if trust else "OPEN: no authentication"
         print(f"nats-server with JetStream at {server.url} ({how}; Ctrl-C stops it)", flush=True)
