@@ -16,6 +16,9 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: the end-to-end tests run one after another on one of
+# them, everything else is shared out (tests/conftest.py); 0 runs the suite in one process.
+TEST_WORKERS ?= 2
 # `make cluster-up`: how many nodes, what the agent does in unlabelled namespaces (status:
 # mark pods Running; exec: run them), and which namespaces it creates labelled for exec.
 NODES ?= 1
@@ -34,9 +37,9 @@ $(UV):
 	@$(CACHE)/bootstrap/bin/pip install --quiet --disable-pip-version-check uv
 
 $(STAMP): pyproject.toml .ci/constraints.txt | $(UV)
-	@echo "installing polyrl[dev,train,local] into $(VENV)"
+	@echo "installing polyrl[dev,train,local,xdist] into $(VENV)"
 	@test -x $(PY) || $(UV) venv --quiet --python $(PYTHON) $(VENV)
-	@$(UV) pip install --quiet --python $(PY) -c .ci/constraints.txt -e '.[dev,train,local]'
+	@$(UV) pip install --quiet --python $(PY) -c .ci/constraints.txt -e '.[dev,train,local,xdist]'
 	@touch $@
 
 .PHONY: install
@@ -77,7 +80,7 @@ fmt: $(STAMP) ## format and auto-fix with ruff
 
 .PHONY: test
 test: install install-vllm tools lint ## install everything, lint, run the whole suite, then test-vllm
-	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then \
 	  echo "error: pytest collected no tests; the suite is never empty, so this is a failure" >&2; \
 	  exit 1; \

@@ -39,6 +39,28 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"{name}: {text}")
 
 
+class _WorkerServices:
+    """Under pytest-xdist each worker starts the services its tests ask for; their start-up
+    times travel back with the worker's output so the summary still shows them."""
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        output = getattr(session.config, "workeroutput", None)
+        if output is not None:
+            output["test_services"] = dict(_TIMINGS)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        worker = node.workerinput["workerid"]
+        for name, text in node.workeroutput.get("test_services", {}).items():
+            _TIMINGS[f"{name} ({worker})"] = text
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_WorkerServices(), "polyrl-worker-services")
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     server = NatsServer(tmp_path_factory.mktemp("nats"))
@@ -240,7 +262,15 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests run wherever CUDA is present and are skipped, with the reason, elsewhere."""
+    """End-to-end tests share one xdist worker (`make test`'s `--dist loadgroup`): each runs
+    a whole system on two cores, timed for running alone, so they run one after another
+    while the other worker takes the rest of the suite.
+
+    `gpu` tests run wherever CUDA is present and are skipped, with the reason, elsewhere."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist") == "loadgroup":
+        for item in items:
+            if item.get_closest_marker("e2e"):
+                item.add_marker(pytest.mark.xdist_group("e2e"))
     if not any(item.get_closest_marker("gpu") for item in items) or _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
