@@ -39,6 +39,26 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"{name}: {text}")
 
 
+class _EndToEndOnOneWorker:
+    """`make test`'s scheduling (`-n 2 --dist loadgroup`): the end-to-end tests are one unit
+    of work, so they run one after another on one worker, each a whole system on two cores as
+    its timeouts assume, while the other worker takes the rest of the suite test by test.
+    The group is by path: xdist's `xdist_group` marks do not reach its scheduler under
+    pytest 9.2, whose node ids xdist can no longer suffix."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class EndToEndOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]
+            def _split_scope(self, nodeid: str) -> str:
+                return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+        return EndToEndOnOneWorker(config, log)
+
+
 class _WorkerServices:
     """Under pytest-xdist each worker starts the services its tests ask for; their start-up
     times travel back with the worker's output so the summary still shows them."""
@@ -59,6 +79,7 @@ class _WorkerServices:
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_WorkerServices(), "polyrl-worker-services")
+        config.pluginmanager.register(_EndToEndOnOneWorker(), "polyrl-e2e-on-one-worker")
 
 
 @pytest.fixture(scope="session")
@@ -262,15 +283,7 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """End-to-end tests share one xdist worker (`make test`'s `--dist loadgroup`): each runs
-    a whole system on two cores, timed for running alone, so they run one after another
-    while the other worker takes the rest of the suite.
-
-    `gpu` tests run wherever CUDA is present and are skipped, with the reason, elsewhere."""
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist") == "loadgroup":
-        for item in items:
-            if item.get_closest_marker("e2e"):
-                item.add_marker(pytest.mark.xdist_group("e2e"))
+    """`gpu` tests run wherever CUDA is present and are skipped, with the reason, elsewhere."""
     if not any(item.get_closest_marker("gpu") for item in items) or _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
