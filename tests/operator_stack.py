@@ -27,6 +27,7 @@ import yaml
 from polyrl.local import processes
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl
+from polyrl.testing.nodeagent.runner import deleted_pod_logs
 from polyrl.testing.operatorprocess import REAL_WORKERS, OperatorProcess, Workers
 from polyrl.testing.waiting import wait_until
 
@@ -99,9 +100,10 @@ class PodLogs:
     """What a namespace's pods wrote, for a failing test to show.
 
     In exec mode the node agent writes each container's output to
-    `<cluster>/agent/pods/<namespace>_<pod>_<uid>/<container>.log` and removes that sandbox
-    when the pod is deleted, so `collect()` (called while a test waits) keeps copies, and a
-    pod that was replaced still has its log in `report()`.
+    `<cluster>/agent/pods/<namespace>_<pod>_<uid>/<container>.log`; when the pod is deleted
+    it removes that sandbox and keeps the logs under `<cluster>/agent/deleted-pod-logs/`.
+    `collect()` copies both here, so a pod that was replaced or deleted right after its
+    last line still has its whole log in `report()`.
     """
 
     def __init__(self, cluster: Cluster, namespace: str, dest: Path) -> None:
@@ -117,10 +119,12 @@ class PodLogs:
         return f"{self.root}/{self.namespace}_"
 
     def collect(self) -> None:
-        try:
-            found = list(self.root.glob(f"{self.namespace}_*/*.log"))
-        except OSError:  # a sandbox removed while the glob walked it: the next call sees it
-            return
+        found: list[Path] = []
+        for root in (self.root, deleted_pod_logs(self.root.parent)):
+            # A sandbox removed while the glob walked it: its logs are kept, the next call
+            # finds them there.
+            with contextlib.suppress(OSError):
+                found.extend(root.glob(f"{self.namespace}_*/*.log"))
         for log in found:
             pod, _, uid = log.parent.name.removeprefix(f"{self.namespace}_").rpartition("_")
             with contextlib.suppress(OSError):  # the agent may be removing it right now

@@ -35,7 +35,7 @@ from polyrl.testing.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STEPS, KILL_AT, CHECKPOINT_EVERY = 40, 15, 10
+STEPS, KILL_AT, CHECKPOINT_EVERY = 30, 15, 10
 JOB = {
     "apiVersion": "polyrl.dev/v1alpha1",
     "kind": "RLJob",

@@ -15,7 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.nodeagent.runner import deleted_pod_logs
 from polyrl.testing.waiting import wait_until
 
 PY = sys.executable
@@ -591,6 +593,20 @@ def test_kubectl_logs_follows_tails_and_limits_a_running_pod(
     assert logs(kubectl, ns, "talker", "--limit-bytes=6") == "line 0"
     missing = kubectl("logs", "-n", ns, "talker", "--previous", check=False)
     assert missing.returncode != 0
+
+
+def test_a_deleted_pods_log_is_kept_to_its_last_line(
+    kubectl: Kubectl, exec_namespace: str, cluster: Cluster
+) -> None:
+    ns = exec_namespace
+    kubectl.apply(json.dumps(pod("brief", python("print('last words', flush=True)"))), "-n", ns)
+    uid = finished(kubectl, ns, "brief")["metadata"]["uid"]
+    kubectl("delete", "pod", "brief", "-n", ns)
+    agent = cluster.workdir / "agent"
+    sandbox = agent / "pods" / f"{ns}_brief_{uid}"
+    wait_until(f"the sandbox {sandbox} removed", lambda: not sandbox.exists())
+    kept = deleted_pod_logs(agent) / f"{ns}_brief_{uid}" / "main.log"
+    assert kept.read_text() == "last words\n"
 
 
 # --- modes -------------------------------------------------------------------------------

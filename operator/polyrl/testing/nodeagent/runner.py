@@ -524,9 +524,27 @@ class PodRunner:
                 proc.wait(timeout=5)
 
     def remove(self) -> None:
-        """Delete what the pod left on the host (its sandbox, memory-backed volumes)."""
+        """Delete what the pod left on the host (its sandbox, memory-backed volumes), but
+        keep its containers' logs, as a kubelet keeps them for a while: a test reads what a
+        pod said last however soon after its exit the pod was deleted."""
+        self._keep_logs()
         self.volumes.remove()
         shutil.rmtree(self.sandbox, ignore_errors=True)
+
+    def _keep_logs(self) -> None:
+        kept = deleted_pod_logs(self.sandbox.parent.parent) / self.sandbox.name
+        with contextlib.suppress(OSError):  # a sandbox never made, or a full disk
+            logs = list(self.sandbox.glob("*.log"))
+            if logs:
+                kept.mkdir(parents=True, exist_ok=True)
+            for log in logs:
+                shutil.copyfile(log, kept / log.name)
+
+
+def deleted_pod_logs(workdir: Path) -> Path:
+    """Where the agent in `workdir` keeps the container logs of deleted pods, a folder per
+    pod named as its sandbox was (`<namespace>_<pod>_<uid>`)."""
+    return workdir / "deleted-pod-logs"
 
 
 def exit_status(returncode: int) -> int:
