@@ -376,6 +376,9 @@ def measure(env: Env, cfg: Config) -> dict[str, Any]:
     baseline = measure_baseline(env)
     ups, downs = measure_scale(env, cfg.scale_repeats)
     active = scrape(env.metrics_url).minus(start)
+    # Before the idle jobs: a real job's workers start beside the fewest other objects, and
+    # it is gone again (pods, streams) before the idle window opens.
+    serving = operator_serving.measure(env.api, env.kubectl, cfg.serving_step)
     say(f"creating {cfg.idle_jobs - cfg.apply_jobs} more jobs for the idle measurement")
     bulk_rate = create_bulk(env, cfg.apply_jobs, cfg.idle_jobs)
     running_s = wait_all_running(env.api, cfg.idle_jobs, 300)
@@ -383,7 +386,6 @@ def measure(env: Env, cfg: Config) -> dict[str, Any]:
     quiet_s = wait_quiet(env, cfg.status_interval_s + 0.5, cfg.quiet_timeout_s)
     say(f"settled in {quiet_s:.1f}s; measuring idle for {cfg.idle_window_s:.0f}s")
     idle = measure_idle(env, cfg.idle_window_s)
-    serving = operator_serving.measure(env.api, env.kubectl, cfg.serving_step)
     return {
         "quick": cfg.quick,
         "cpus": os.cpu_count(),
