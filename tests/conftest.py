@@ -40,7 +40,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 class _EndToEndOnOneWorker:
-    """`make test`'s scheduling (`-n 2 --dist loadgroup`): the end-to-end tests are one unit
+    """Scheduling for `make test TEST_WORKERS=2` (`--dist loadgroup`): end-to-end tests are one unit
     of work, so they run one after another on one worker, each a whole system on two cores as
     its timeouts assume, while the other worker takes the rest of the suite test by test.
     The group is by path: xdist's `xdist_group` marks do not reach its scheduler under
