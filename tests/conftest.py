@@ -269,6 +269,21 @@ def tiny_bpe(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return lambda arch: tinybpe.ensure(f"{tinybpe.SCHEME}{arch}/test", cache)
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face directory, dequantized (once, cached) from the
+    GGUF file `make smollm2` fetches; the suite fails, saying so, where it is not fetched."""
+    from polyrl.workers.models import catalog, gguf
+
+    file = catalog.target(catalog.lookup(SMOLLM2))
+    if not file.exists():
+        pytest.fail(f"{file} is missing: fetch it with `make smollm2` (polyrl models fetch)")
+    return gguf.ensure_directory(file, catalog.cache_dir())
+
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent

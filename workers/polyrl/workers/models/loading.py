@@ -46,7 +46,7 @@ from transformers import (
 from polyrl.api.model_source import PromptFormat
 from polyrl.api.resources import ModelSource
 from polyrl.workers.models import chartokenizer as char_tokenizer
-from polyrl.workers.models import sources, tinybpe
+from polyrl.workers.models import gguf, sources, tinybpe
 
 TINY_SCHEME = "tiny-llama://"
 _UNRESOLVED_SCHEMES = ("s3://", "gs://", "http://", "https://")
@@ -106,12 +106,13 @@ def make_model(
     return load_directory(directory, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
-def build_tiny(source: ModelSource, *, cache_dir: Path) -> None:
-    """Build a tiny model's cached directory now, where `source` names one.
+def prepare(source: ModelSource, *, cache_dir: Path) -> None:
+    """Build a tiny model's cached directory, or convert a GGUF file, now, where `source`
+    names one.
 
     Trainer ranks call it before they join the process group: once torch.distributed is
-    initialised, transformers' `save_pretrained` writes on rank 0 only, so a tiny model first
-    built on another rank would be a directory without weights or config."""
+    initialised, transformers' `save_pretrained` writes on rank 0 only, so a model first
+    written on another rank would be a directory without weights or config."""
     if source.path.startswith(TINY_SCHEME):
         ensure_tiny_llama(source.path.removeprefix(TINY_SCHEME), cache_dir)
     elif source.path.startswith(tinybpe.SCHEME):
@@ -127,6 +128,8 @@ def local_dirs(source: ModelSource, *, cache_dir: Path) -> tuple[Path, Path | No
         raise ValueError(f"model path {path!r}: scheme not supported (give a local directory)")
     else:
         directory = Path(sources.resolve(path))
+        if gguf.is_gguf(path):
+            directory = gguf.ensure_directory(directory, cache_dir, sha256=source.sha256)
     tokenizer = source.tokenizer
     return directory, Path(sources.resolve(tokenizer)) if tokenizer is not None else None
 
@@ -143,6 +146,8 @@ def check_source(source: ModelSource, *, cache_dir: Path | None = None) -> None:
     if source.path.startswith(tinybpe.SCHEME):
         tinybpe.parse(source.path)
         return
+    if gguf.is_gguf(source.path) and _gguf_dir(source, cache_dir=cache_dir) is None:
+        return  # checked as a file; not converted yet, so there is no directory to read
     directory, tokenizer_dir = local_dirs(source, cache_dir=cache_dir or Path())
     config = _causal_lm_config(source.path, directory)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or directory, local_files_only=True)
@@ -164,8 +169,24 @@ def source_config(source: ModelSource, *, cache_dir: Path) -> PretrainedConfig |
     resolved URI); None for the tiny models, which are built on first use."""
     if source.path.startswith((TINY_SCHEME, tinybpe.SCHEME)):
         return None
+    if gguf.is_gguf(source.path) and _gguf_dir(source, cache_dir=cache_dir) is None:
+        return None
     directory, _ = local_dirs(source, cache_dir=cache_dir)
     return _causal_lm_config(source.path, directory)
+
+
+def _gguf_dir(source: ModelSource, *, cache_dir: Path | None) -> Path | None:
+    """Check a GGUF source as a file (exists, GGUF, its declared hash, an architecture
+    transformers reads, a chat template where the prompts need one); its converted directory
+    if the cache has it already."""
+    file = Path(sources.resolve(source.path))
+    digest = gguf.check(file, sha256=source.sha256, name=source.path)
+    if source.prompt_format == PromptFormat.CHAT and not gguf.has_chat_template(file):
+        raise ValueError(
+            f"model {source.path!r}: promptFormat is chat but the GGUF file has no chat "
+            "template (tokenizer.chat_template); use promptFormat: text"
+        )
+    return gguf.cached(file, cache_dir or Path(), digest)
 
 
 def _causal_lm_config(path: str, directory: Path) -> PretrainedConfig:

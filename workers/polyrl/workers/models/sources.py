@@ -5,6 +5,8 @@
   model is an error naming the repository and the cache), otherwise a missing snapshot is
   downloaded into the cache first. The revision is a branch, a tag or a commit (default
   `main`). `HF_HUB_CACHE` / `HF_HOME` say where the cache is, as for every Hugging Face tool.
+  `hf://<org>/<name>/<file>.gguf[@<revision>]` names one GGUF file of a repository (fetched
+  alone, `hf_hub_download`), which `models.gguf` then converts.
 * `pvc://<claim>/<path>` names a path inside a PersistentVolumeClaim. Under the operator the
   trainer's pods mount each such claim read-only at `/mnt/polyrl/pvc/<claim>`
   (`polyrl.api.launch.PVC_ROOT`), and the path resolves below it; the root can be moved with
@@ -30,12 +32,31 @@ _TRUE = {"1", "true", "yes", "on"}
 
 def parse_hf(uri: str) -> tuple[str, str | None]:
     """`hf://org/name@rev` -> ("org/name", "rev"); ValueError when it is not of that form."""
+    repo, file, revision = parse_hf_file(uri)
+    if file is not None:
+        raise ValueError(f"model {uri!r}: expected hf://<org>/<name>[@<revision>]")
+    return repo, revision
+
+
+def parse_hf_file(uri: str) -> tuple[str, str | None, str | None]:
+    """`hf://org/name/dir/f.gguf@rev` -> ("org/name", "dir/f.gguf", "rev"); the file is None
+    for a whole repository. Only GGUF files may be named alone (a model is one file only
+    in that format)."""
     body = uri.removeprefix(HF_SCHEME)
     repo, _, revision = body.partition("@")
     parts = repo.split("/")
-    if len(parts) != 2 or not all(parts) or ".." in parts:
-        raise ValueError(f"model {uri!r}: expected hf://<org>/<name>[@<revision>]")
-    return repo, revision or None
+    file = "/".join(parts[2:]) or None
+    if (
+        len(parts) < 2
+        or not all(parts)
+        or ".." in parts
+        or (file is not None and not file.lower().endswith(".gguf"))
+    ):
+        raise ValueError(
+            f"model {uri!r}: expected hf://<org>/<name>[@<revision>] or "
+            "hf://<org>/<name>/<file>.gguf[@<revision>]"
+        )
+    return "/".join(parts[:2]), file, revision or None
 
 
 def offline() -> bool:
@@ -44,15 +65,20 @@ def offline() -> bool:
 
 
 def resolve_hf(uri: str, *, cache_dir: Path | None = None) -> Path:
-    """The local snapshot directory of an `hf://` model (see the module docstring)."""
-    from huggingface_hub import snapshot_download
+    """The local snapshot directory (or GGUF file) of an `hf://` model (module docstring)."""
+    from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-    repo, revision = parse_hf(uri)
+    repo, file, revision = parse_hf_file(uri)
     try:
-        path = snapshot_download(
-            repo, revision=revision, cache_dir=cache_dir, local_files_only=offline()
-        )
+        if file is not None:
+            path = hf_hub_download(
+                repo, file, revision=revision, cache_dir=cache_dir, local_files_only=offline()
+            )
+        else:
+            path = snapshot_download(
+                repo, revision=revision, cache_dir=cache_dir, local_files_only=offline()
+            )
     except LocalEntryNotFoundError:
         where = cache_dir or os.environ.get("HF_HUB_CACHE") or "the Hugging Face cache"
         raise ValueError(

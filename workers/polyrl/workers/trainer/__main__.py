@@ -81,7 +81,7 @@ def main() -> int:
         preflight.roles(config.spec)
     except ConfigError as err:
         return fail("polyrl trainer", err)
-    models.build_tiny(policy.model, cache_dir=workdir_for(config) / "models")
+    models.prepare(policy.model, cache_dir=workdir_for(config) / "models")
     ranks.init_process_group()
     try:
         asyncio.run(serve(config, pod))
