@@ -2,7 +2,8 @@
 # Device check for the generation engines (workers/polyrl/workers/rollout/engines): the `gpu`-marked
 # engine tests on CUDA (among them a BPE Qwen2's bfloat16 log-prob agreement with a float32
 # trainer and a sparse delta reaching its CUDA weights bit for bit), then decode throughput of
-# the torch engine, CPU against CUDA, on a model somewhat larger than the tests' tiny one.
+# the torch engine, CPU against CUDA, on a model somewhat larger than the tests' tiny one, and
+# SmolLM2-135M's shape: engine-trainer agreement and one GRPO step (gpu_check_smollm2.py).
 # Needs only torch and transformers (and pytest for the
 # tests); installs nothing. Run from anywhere on a CUDA machine:
 #
@@ -37,8 +38,8 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from polyrl.workers.engines.base import SamplingParams
-from polyrl.workers.engines.torch_engine import TorchEngine
+from polyrl.workers.rollout.engines.base import SamplingParams
+from polyrl.workers.rollout.engines.torch_engine import TorchEngine
 
 CONFIG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
               num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)
@@ -71,5 +72,9 @@ for device, dtype, batch in runs:
     rate = tokens_per_second(device, dtype, batch)
     print(f"  {device:4} {str(dtype).removeprefix('torch.'):8} batch {batch:3}: {rate:9.0f} tokens/s")
 PYTHON
+
+# SmolLM2-135M-Instruct's shape (random weights; the real file stays on the CPU machine):
+# bfloat16 engine against float32 trainer, and one GRPO step's time (scripts/gpu_check_smollm2.py).
+"$PY" scripts/gpu_check_smollm2.py || status=$?
 
 exit "$status"
