@@ -136,6 +136,7 @@ def _add_crds(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     import importlib
+    import inspect
     import json
 
     try:
@@ -146,7 +147,16 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    figures = module.run(quick=args.quick)
+    if args.model is not None:
+        if "model" not in inspect.signature(module.run).parameters:
+            print(f"polyrl bench {args.what}: takes no --model", file=sys.stderr)
+            return EXIT_USAGE
+        if not args.model.is_dir():
+            print(f"polyrl bench: --model {args.model} is not a directory", file=sys.stderr)
+            return EXIT_USAGE
+        figures = module.run(quick=args.quick, model=args.model)
+    else:
+        figures = module.run(quick=args.quick)
     if args.json:
         print(json.dumps(figures, sort_keys=True))
     else:
@@ -166,6 +176,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("what", choices=sorted(BENCHMARKS), help="what to measure")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        metavar="DIR",
+        help="engine, delta: measure on this Hugging Face model directory instead of the "
+        "built-in tiny one (`polyrl models fetch --dequantize` prints SmolLM2's)",
+    )
     p.set_defaults(func=_bench)
 
 

@@ -37,7 +37,15 @@ from polyrl.workers.trainer import batching
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE = 32, 8, 4, 0.6
 
 
-def run(*, quick: bool) -> dict[str, Any]:
+def run(*, quick: bool, model: Path | None = None) -> dict[str, Any]:
+    """The quick start's shapes; with `model` (a Hugging Face directory of a chat model),
+    torch against vLLM on that model instead (`engine_vllm.model_matrix`)."""
+    if model is not None:
+        with tempfile.TemporaryDirectory(prefix="polyrl-bench-model-") as workdir:
+            python = engine_vllm.vllm_python()
+            if python is None:
+                print("engine bench: no vLLM environment (make install-vllm)", file=sys.stderr)
+            return engine_vllm.model_matrix(python, model, workdir=Path(workdir), quick=quick)
     return arithmetic(quick=quick) | against_vllm(quick=quick)
 
 

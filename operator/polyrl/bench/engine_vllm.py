@@ -30,6 +30,8 @@ from polyrl.workers.trainer import batching
 
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE = 16, 8, 16, 1.0
 PROBE_TIMEOUT = 600
+# `--model`: a real model's figures per engine, compute dtype and batch size.
+BATCHES, DTYPES, MODEL_NEW_TOKENS = (1, 8, 32), ("float32", "bfloat16"), 32
 
 
 def vllm_python() -> Path | None:
@@ -78,20 +80,80 @@ def run(python: Path, *, workdir: Path, quick: bool) -> dict[str, Any]:
     return figures
 
 
-def _probe(python: Path, engine: str, workdir: Path) -> dict[str, Any]:
+def model_matrix(
+    python: Path | None, model_dir: Path, *, workdir: Path, quick: bool
+) -> dict[str, Any]:
+    """Torch against vLLM on `model_dir` (a chat model): tokens/s and first-token latency at
+    each batch size in `BATCHES`, computing in each dtype of `DTYPES`, on 32 distinct chat
+    prompts (two-digit sums), `MODEL_NEW_TOKENS` tokens at temperature 1; and each engine's
+    largest log-prob gap to the float32 trainer at the largest batch. vLLM is skipped (and
+    said so) where its environment is missing."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    rng = random.Random(0)
+    questions = [f"What is {rng.randrange(10, 100)} + {rng.randrange(10, 100)}?" for _ in range(32)]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+        for q in questions
+    ]  # fmt: skip
+    spec = {
+        "model": str(model_dir),
+        "prompts": prompts,
+        "new_tokens": MODEL_NEW_TOKENS,
+        "temperature": TEMPERATURE,
+        "repeats": 1 if quick else 3,
+        "threads": os.cpu_count() or 1,
+        "max_model_len": 256,
+        "batches": list(BATCHES),
+    }
+    (workdir / "spec.json").write_text(json.dumps(spec))
+    trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    figures: dict[str, Any] = {"model": str(model_dir), "new_tokens": MODEL_NEW_TOKENS}
+    engines = {"torch": Path(sys.executable)} | ({"vllm": python} if python else {})
+    for engine, interpreter in engines.items():
+        for dtype in DTYPES:
+            probe = _probe(interpreter, engine, workdir, dtype=dtype)
+            key = f"{engine}_{dtype}"
+            figures[f"{key}_load_s"] = probe["load_s"]
+            for run in probe["runs"]:
+                tokens = sum(len(t) for t in run["tokens"])
+                figures[f"{key}_b{run['batch']}_tokens_per_s"] = round(
+                    tokens / run["generate_s"], 1
+                )
+                figures[f"{key}_b{run['batch']}_first_token_s"] = round(run["first_token_s"], 4)
+            figures[f"{key}_logprob_max_diff"] = _gap(trainer, prompts, probe)
+    if python is not None:
+        for dtype in DTYPES:
+            for batch in BATCHES:
+                vllm = figures[f"vllm_{dtype}_b{batch}_tokens_per_s"]
+                figures[f"vllm_vs_torch_{dtype}_b{batch}"] = round(
+                    vllm / figures[f"torch_{dtype}_b{batch}_tokens_per_s"], 2
+                )
+    figures["vllm_measured"] = python is not None
+    return figures
+
+
+def _probe(python: Path, engine: str, workdir: Path, *, dtype: str | None = None) -> dict[str, Any]:
+    name = engine if dtype is None else f"{engine}-{dtype}"
     spec = json.loads((workdir / "spec.json").read_text()) | {"engine": engine}
-    (workdir / f"{engine}.spec.json").write_text(json.dumps(spec))
-    out = workdir / f"{engine}.out.json"
-    print(f"engine bench: measuring {engine} ({python})", file=sys.stderr, flush=True)
+    if dtype is not None:
+        spec["dtype"] = dtype
+    (workdir / f"{name}.spec.json").write_text(json.dumps(spec))
+    out = workdir / f"{name}.out.json"
+    print(f"engine bench: measuring {name} ({python})", file=sys.stderr, flush=True)
     proc = subprocess.run(
-        [str(python), "-m", "polyrl.bench.engine_probe", str(workdir / f"{engine}.spec.json"), out],
+        [str(python), "-m", "polyrl.bench.engine_probe", str(workdir / f"{name}.spec.json"), out],
         capture_output=True,
         text=True,
         timeout=PROBE_TIMEOUT,
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"the {engine} engine probe failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"the {name} engine probe failed:\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.read_text())
     return result
 

@@ -70,6 +70,46 @@ def test_reversed_arithmetic_keeps_the_prompts_and_the_held_out_split() -> None:
             assert reverse.reward(b, a.answer) == 0.0
 
 
+def test_arithmetic_asked_as_a_chat_question_rewards_the_first_number() -> None:
+    plain = load("arithmetic", {"digits": 1})
+    chat = load(
+        "arithmetic",
+        {
+            "digits": 1,
+            "template": "What is {left} {op} {right}?",
+            "system": "Reply with only the number.",
+            "match": "first-number",
+        },
+    )
+    problem = chat.held_out()[0]
+    left, right = (int(n) for n in problem.prompt.removeprefix("What is ").rstrip("?").split(" + "))
+    assert problem.answer == str(left + right)
+    assert problem.request == [
+        {"role": "system", "content": "Reply with only the number."},
+        {"role": "user", "content": f"What is {left} + {right}?"},
+    ]
+    assert len(chat.held_out()) == len(plain.held_out())
+    assert chat.reward(problem, f"The answer is {problem.answer}.") == 1.0
+    assert chat.reward(problem, f"{problem.answer}<|im_end|>") == 1.0
+    assert chat.reward(problem, f"{left} + {right} = {problem.answer}") == (left == left + right)
+    assert chat.reward(problem, "I do not know") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"template": "{left} plus {x}"}, r"template .* must use only \{left\}"),
+        ({"match": "last-number"}, "match must be one of prefix, first-number"),
+        ({"system": ""}, "param system must be a non-empty string"),
+    ],
+)
+def test_arithmetic_refuses_a_bad_template_match_or_system(
+    params: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        load("arithmetic", params)
+
+
 def test_arithmetic_answers_are_right_for_every_operator() -> None:
     task = load("arithmetic", {"digits": 2, "ops": "+-*/"})
     rng = random.Random(1)

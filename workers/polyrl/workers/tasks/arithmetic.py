@@ -6,6 +6,13 @@ answer is an integer and the dividend keeps at most `digits` digits. Subtraction
 negative ("3-5=" -> "-2"). `reverse` (default false): the answer's digits are written least
 significant first, after the sign ("12+39=" -> "15", "3-15=" -> "-21").
 
+For chat models: `template` (default "{left}{op}{right}=") writes the problem, e.g. "What is
+{left} {op} {right}?"; `system` (default none) makes each problem a chat conversation, that
+system message and the problem as the user's; `match` says what a completion must do:
+`prefix` (default: its first word is the answer, for models taught the bare format) or
+`first-number` (the first integer it contains is the answer: for instruct models, which
+may write "The answer is 64." or "64." but must lead with the result).
+
 Why `reverse`: written most significant digit first, the tens digit of a sum depends on a carry
 from a digit not yet written, so the model must compute it silently; reversed, every digit
 depends only on the operands and the digits already written. Small transformers learn addition
@@ -21,21 +28,40 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 from polyrl.workers.tasks import base
 
 NAME = "arithmetic"
 OPERATORS = "+-*/"
+TEMPLATE = "{left}{op}{right}="
+MATCHES = ("prefix", "first-number")
+_NUMBER = re.compile(r"-?\d+")
 
 
 class Arithmetic(base.GeneratedTask):
     def __init__(
-        self, *, digits: int, ops: str, held_out: int, seed: int, reverse: bool = False
+        self,
+        *,
+        digits: int,
+        ops: str,
+        held_out: int,
+        seed: int,
+        reverse: bool = False,
+        template: str = TEMPLATE,
+        system: str | None = None,
+        match: str = "prefix",
     ) -> None:
         if not ops or any(op not in OPERATORS for op in ops):
             raise ValueError(f"task {NAME}: ops must be made of {OPERATORS!r}, got {ops!r}")
+        _check_template(template)
+        if match not in MATCHES:
+            raise ValueError(
+                f"task {NAME}: match must be one of {', '.join(MATCHES)}, got {match!r}"
+            )
         self.digits = digits
         self.reverse = reverse
+        self.template, self.system, self.match = template, system, match
         self.ops = "".join(sorted(set(ops), key=OPERATORS.index))
         super().__init__(held_out=held_out, seed=seed)
 
@@ -60,11 +86,23 @@ class Arithmetic(base.GeneratedTask):
         else:
             left, right = rng.randrange(limit), rng.randrange(limit)
             answer = {"+": left + right, "-": left - right, "*": left * right}[op]
-        prompt = f"{left}{op}{right}="
+        prompt = self.template.format(left=left, op=op, right=right)
         text = written(answer, reverse=self.reverse)
-        return base.Problem(prompt=prompt, answer=text, id=base.problem_id(NAME, prompt))
+        messages = None
+        if self.system is not None:
+            messages = (
+                {"role": "system", "content": self.system},
+                {"role": "user", "content": prompt},
+            )
+        key = prompt if messages is None else f"{self.system}\n{prompt}"
+        return base.Problem(
+            prompt=prompt, answer=text, id=base.problem_id(NAME, key), messages=messages
+        )
 
     def reward(self, problem: base.Problem, completion: str) -> float:
+        if self.match == "first-number":
+            found = _NUMBER.search(completion)
+            return 1.0 if found is not None and found.group() == problem.answer else 0.0
         text = base.answer_text(completion)
         return 1.0 if text.split(" ", 1)[0] == problem.answer else 0.0
 
@@ -94,8 +132,25 @@ def _divisor_summatory(n: int) -> int:
     return 2 * sum(n // k for k in range(1, root + 1)) - root * root
 
 
+def _check_template(template: str) -> None:
+    try:
+        template.format(left=1, op="+", right=2)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(
+            f"task {NAME}: template {template!r} must use only {{left}}, {{op}} and {{right}} "
+            f"({type(err).__name__}: {err})"
+        ) from None
+
+
+def _optional_str(params: base.Params, key: str, default: str | None) -> str | None:
+    value = params.get(key, default)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"task {NAME}: param {key} must be a non-empty string, got {value!r}")
+    return value
+
+
 def make(params: base.Params, *, held_out: int, seed: int) -> Arithmetic:
-    base.check_known(NAME, params, {"digits", "ops", "reverse"})
+    base.check_known(NAME, params, {"digits", "ops", "reverse", "template", "system", "match"})
     digits = base.int_param(NAME, params, "digits", 2, 1, 9)
     ops = params.get("ops", "+")
     if not isinstance(ops, str):
@@ -103,4 +158,9 @@ def make(params: base.Params, *, held_out: int, seed: int) -> Arithmetic:
     reverse = params.get("reverse", False)
     if not isinstance(reverse, bool):
         raise ValueError(f"task {NAME}: param reverse must be true or false, got {reverse!r}")
-    return Arithmetic(digits=digits, ops=ops, held_out=held_out, seed=seed, reverse=reverse)
+    template = _optional_str(params, "template", TEMPLATE) or TEMPLATE
+    match = _optional_str(params, "match", "prefix") or "prefix"
+    return Arithmetic(
+        digits=digits, ops=ops, held_out=held_out, seed=seed, reverse=reverse,
+        template=template, system=_optional_str(params, "system", None), match=match,
+    )  # fmt: skip
