@@ -30,6 +30,9 @@ NATS_CREDS_FILE_ENV = "POLYRL_NATS_CREDS_FILE"
 NATS_USER_MOUNT = "/etc/polyrl/nats-user"
 NATS_USER_FILE = "user.creds"
 TRAINER_DIR_ENV = "POLYRL_TRAINER_DIR"  # where a trainer keeps models and checkpoints
+# Where converted models (GGUF files, dequantized) are kept across runs; default the
+# trainer's directory. `polyrl run` points it at the user's cache.
+MODEL_CACHE_ENV = "POLYRL_MODEL_CACHE"
 CHECKPOINT_MOUNT = "/var/lib/polyrl"  # the checkpoint claim, in a trainer's first pod
 RDZV_PORT = 29400
 # `pvc://<claim>/<path>` models: the claim is mounted read-only in the trainer's pods here.

@@ -18,6 +18,9 @@ Every figure is measured against a baseline in the same run, since the machines 
    announcement to weights verified in its state dict: on loopback, and through `netshape`'s
    proxy at 200 Mbit/s and 100 ms round trip (a replica in another region).
 
+With `--model DIR`, the figures of 1 and 4 come from RL steps of that model instead
+(`delta_model`).
+
 Progress goes to stderr; the figures are returned (stdout is the CLI's).
 """
 
@@ -31,6 +34,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -40,7 +44,7 @@ from nats.js import JetStreamContext, api
 
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
-from polyrl.bench import measure
+from polyrl.bench import delta_model, measure
 from polyrl.bench.netshape import ShapedProxy
 from polyrl.local.natsserver import NatsServer
 from polyrl.workers.deltas.encoders.inline import InlineEncoder
@@ -60,7 +64,9 @@ SHAPED_LINK = f"{SHAPED_RATE_BITS / 1e6:.0f} Mbit/s, {SHAPED_RTT * 1e3:.0f} ms R
 State = dict[str, torch.Tensor]
 
 
-def run(*, quick: bool) -> dict[str, Any]:
+def run(*, quick: bool, model: Path | None = None) -> dict[str, Any]:
+    if model is not None:
+        return model_figures(model, quick=quick)
     steps, mib, repeats = (6, 32, 2) if quick else (20, 512, 5)
     figures: dict[str, Any] = {"quick": quick, "threads": torch.get_num_threads()}
     for suffix, lr in LEARNING_RATES.items():
@@ -95,6 +101,17 @@ def run(*, quick: bool) -> dict[str, Any]:
     return figures
 
 
+def model_figures(model: Path, *, quick: bool) -> dict[str, Any]:
+    """RL steps of a real model (`delta_model`), and its last delta synced to a replica."""
+    figures, old, new = delta_model.steps_figures(
+        model, steps=3 if quick else 6, progress=_progress
+    )
+    with NatsServer() as server:
+        sync = asyncio.run(transport_figures(server.url, 0, repeats=1, states=(old, new)))
+    keep = ("publish_keyframe_and_delta_s", "keyframe_bytes", "delta_bytes", "shaped_link")
+    return figures | {k: v for k, v in sync.items() if k in keep or "sync" in k}
+
+
 def training_figures(lr: float, steps: int) -> dict[str, Any]:
     """Medians over steps 2..`steps` of our delta's size against full bf16 and COO."""
     result = measure.training_deltas(lr, steps=steps)
@@ -127,8 +144,12 @@ def speed_figures(mib: int, repeats: int) -> dict[str, Any]:
     }
 
 
-async def transport_figures(url: str, mib: int, repeats: int) -> dict[str, Any]:
-    old, new = measure._synthetic_states(mib, CHANGE_RATE, 16)
+async def transport_figures(
+    url: str, mib: int, repeats: int, states: tuple[State, State] | None = None
+) -> dict[str, Any]:
+    """Publication, reads and syncs of `states` (old, new), by default a synthetic model
+    of `mib` MiB with `CHANGE_RATE` of its elements changed."""
+    old, new = states or measure._synthetic_states(mib, CHANGE_RATE, 16)
     nc = await nats.connect(url)
     js = nc.jetstream()
     names = JobNames(namespace="bench", job=f"delta-{uuid.uuid4().hex[:6]}")

@@ -13,7 +13,7 @@ a replica over loopback and over the shaped link, new (keyframe) against one beh
 
 from __future__ import annotations
 
-import math
+import itertools
 import random
 import statistics
 import time
@@ -24,7 +24,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from polyrl.api.resources import TaskSpec
-from polyrl.bench import measure
 from polyrl.workers import tasks
 from polyrl.workers.deltas import decode, encode, format
 from polyrl.workers.rollout.engines.base import SamplingParams
@@ -40,16 +39,22 @@ PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE = 8, 8, 8, 1.0
 State = dict[str, torch.Tensor]
 
 
-def steps_figures(model_dir: Path, *, steps: int, progress: Any) -> tuple[dict[str, Any], State, State]:
+def steps_figures(
+    model_dir: Path, *, steps: int, progress: Any
+) -> tuple[dict[str, Any], State, State]:
     """Per-lr medians over the steps, and the first lr's last (old, new) bf16 states."""
     figures: dict[str, Any] = {"model": str(model_dir), "rl_steps": steps}
     last: tuple[State, State] | None = None
     for index, lr in enumerate(LEARNING_RATES):
         progress(f"{steps} GRPO steps of {model_dir.name} at lr {lr}")
         snapshots, rewards = _rl_snapshots(model_dir, lr=lr, steps=steps)
-        per_step = [_step_figures(old, new, v) for v, (old, new) in enumerate(zip(snapshots, snapshots[1:]))]
+        per_step = [
+            _step_figures(old, new, v) for v, (old, new) in enumerate(itertools.pairwise(snapshots))
+        ]
         suffix = "" if index == 0 else f"_lr{lr:.0e}".replace("-0", "")
-        figures |= {f"{key}{suffix}": value for key, value in _summary(per_step, rewards, lr).items()}
+        figures |= {
+            f"{key}{suffix}": value for key, value in _summary(per_step, rewards, lr).items()
+        }
         if last is None:
             last = snapshots[-2], snapshots[-1]
     assert last is not None
@@ -58,12 +63,17 @@ def steps_figures(model_dir: Path, *, steps: int, progress: Any) -> tuple[dict[s
 
 def _summary(per_step: list[dict[str, Any]], rewards: list[float], lr: float) -> dict[str, Any]:
     params = per_step[0]["params"]
-    median = {k: statistics.median(s[k] for s in per_step) for k in ("changed_fraction", "bytes", "encode_s", "apply_s", "copy_s")}
+    median = {
+        k: statistics.median(s[k] for s in per_step)
+        for k in ("changed_fraction", "bytes", "encode_s", "apply_s", "copy_s")
+    }
     return {
         "lr": lr,
         "changed_fraction_per_step": [round(s["changed_fraction"], 5) for s in per_step],
         "changed_fraction": median["changed_fraction"],
-        "bytes_per_changed_element": statistics.median(s["bytes"] / max(s["changed"], 1) for s in per_step),
+        "bytes_per_changed_element": statistics.median(
+            s["bytes"] / max(s["changed"], 1) for s in per_step
+        ),
         "delta_vs_full_bf16": median["bytes"] / (2 * params),
         "encode_s": median["encode_s"],
         "apply_s": median["apply_s"],
@@ -79,20 +89,38 @@ def _summary(per_step: list[dict[str, Any]], rewards: list[float], lr: float) ->
 def _rl_snapshots(model_dir: Path, *, lr: float, steps: int) -> tuple[list[State], list[float]]:
     trainer: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    engine = TorchEngine(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16), max_batch_size=PROMPTS * GROUP)
+    engine = TorchEngine(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16),
+        max_batch_size=PROMPTS * GROUP,
+    )
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr, weight_decay=0.0)
     task, rng = tasks.load_task(TASK), random.Random(0)
     snapshots, rewards = [_bf16(trainer)], []
     for step in range(steps):
         problems = [task.sample(rng) for _ in range(PROMPTS)]
         prompts = [_encode(tokenizer, p.request) for p in problems]
-        params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, seed=step, stop_token_ids=(int(tokenizer.eos_token_id),))
+        params = SamplingParams(
+            max_new_tokens=NEW_TOKENS,
+            temperature=TEMPERATURE,
+            seed=step,
+            stop_token_ids=(int(tokenizer.eos_token_id),),
+        )
         outs = engine.generate([p for p in prompts for _ in range(GROUP)], params)
         samples = []
         for i, out in enumerate(outs):
             problem = problems[i // GROUP]
-            reward = task.reward(problem, tokenizer.decode(out.tokens, skip_special_tokens=True))
-            samples.append(batching.Sample(prompt_ids=prompts[i // GROUP], completion_ids=out.tokens, behaviour_logprobs=out.logprobs, reward=reward, group_id=str(i // GROUP), weight_version=step))
+            text = str(tokenizer.decode(out.tokens, skip_special_tokens=True))
+            reward = task.reward(problem, text)
+            samples.append(
+                batching.Sample(
+                    prompt_ids=prompts[i // GROUP],
+                    completion_ids=out.tokens,
+                    behaviour_logprobs=out.logprobs,
+                    reward=reward,
+                    group_id=str(i // GROUP),
+                    weight_version=step,
+                )
+            )
         rewards.append(sum(s.reward for s in samples) / len(samples))
         _grpo_step(trainer, optimizer, samples, int(tokenizer.pad_token_id or 0))
         snapshots.append(_bf16(trainer))
@@ -100,23 +128,38 @@ def _rl_snapshots(model_dir: Path, *, lr: float, steps: int) -> tuple[list[State
     return snapshots, rewards
 
 
-def _grpo_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, samples: list[batching.Sample], pad_id: int) -> None:
-    advantages = grpo.group_advantages(torch.tensor([s.reward for s in samples]), [s.group_id for s in samples])
-    batch = batching.collate(batching.assign_advantages(samples, advantages.tolist()), pad_id)
+def _grpo_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    samples: list[batching.Sample],
+    pad_id: int,
+) -> None:
+    batch = batching.collate(batching.assign_advantages(samples), pad_id)
     model.train()
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     new = batching.token_logprobs(logits, batch.input_ids, batch.loss_mask, TEMPERATURE)
-    loss, _ = grpo.grpo_loss(new, batch.old_logprobs, batch.advantages, batch.loss_mask, clip_low=0.2, clip_high=0.28, tis_cap=2.0, prox_logprobs=new.detach())
-    loss.backward()
+    loss, _ = grpo.grpo_loss(
+        new,
+        batch.old_logprobs,
+        batch.advantages,
+        batch.loss_mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        tis_cap=2.0,
+        prox_logprobs=new.detach(),
+    )
+    loss.backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    model.eval()
+    torch.nn.Module.eval(model)  # transformers' `eval` is untyped
 
 
 def _encode(tokenizer: Any, request: str | list[Any]) -> list[int]:
     messages = request if isinstance(request, list) else [{"role": "user", "content": request}]
-    ids: list[int] = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    ids: list[int] = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     return ids
 
 
@@ -144,13 +187,12 @@ def _step_figures(old: State, new: State, version: int) -> dict[str, Any]:
         "apply_s": apply_s,
         "copy_s": max(copy_s, 1e-9),
         "params": params,
-        "bit_identical": all(torch.equal(target[k].view(torch.int16), new[k].view(torch.int16)) for k in new),
+        "bit_identical": all(
+            torch.equal(target[k].view(torch.int16), new[k].view(torch.int16)) for k in new
+        ),
     }
 
 
 def _bf16(model: torch.nn.Module) -> State:
     """The trainer's state as it publishes it: bf16, the tied head kept as its own name."""
     return {name: t.detach().to(torch.bfloat16).clone() for name, t in model.state_dict().items()}
-
-
-_ = (math, measure)

@@ -93,13 +93,7 @@ def model_matrix(
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     rng = random.Random(0)
     questions = [f"What is {rng.randrange(10, 100)} + {rng.randrange(10, 100)}?" for _ in range(32)]
-    prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-            return_dict=True,
-        )["input_ids"]
-        for q in questions
-    ]  # fmt: skip
+    prompts: list[list[int]] = [_chat_ids(tokenizer, q) for q in questions]
     spec = {
         "model": str(model_dir),
         "prompts": prompts,
@@ -135,6 +129,14 @@ def model_matrix(
                 )
     figures["vllm_measured"] = python is not None
     return figures
+
+
+def _chat_ids(tokenizer: Any, question: str) -> list[int]:
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True,
+        return_dict=True,
+    )  # fmt: skip
+    return [int(i) for i in encoded["input_ids"]]
 
 
 def _probe(python: Path, engine: str, workdir: Path, *, dtype: str | None = None) -> dict[str, Any]:

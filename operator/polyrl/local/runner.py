@@ -29,6 +29,7 @@ import nats
 
 from polyrl.api import access, natsconfig, natsjwt, plan
 from polyrl.api.launch import (
+    MODEL_CACHE_ENV,
     NATS_CREDS_ENV,
     POD_NAME_ENV,
     TERMINATION_LOG_ENV,
@@ -114,6 +115,7 @@ class LocalRun:
             "POLYRL_METRICS_FILE": str(self.metrics),
             TERMINATION_LOG_ENV: str(self.termination_log(launch.name)),
             "POLYRL_TRAINER_DIR": str(self.run_dir / "trainers"),
+            MODEL_CACHE_ENV: os.environ.get(MODEL_CACHE_ENV) or str(_user_model_cache()),
             "POLYRL_TORCH_THREADS": os.environ.get("POLYRL_TORCH_THREADS", "1"),
             "OMP_NUM_THREADS": "1",
             "PATH": environments.path_for(launch, self.job, self.vllm_env),
@@ -185,3 +187,10 @@ def wait(run: LocalRun, *, poll: float = 1.0, on_tick: object = None) -> None:
         if callable(on_tick):
             on_tick()
         time.sleep(poll)
+
+
+def _user_model_cache() -> Path:
+    """`$POLYRL_CACHE/models` (default ~/.cache/polyrl/models): what `polyrl models fetch`
+    fills, and where a GGUF file converted once serves every later run."""
+    root = os.environ.get("POLYRL_CACHE") or Path.home() / ".cache" / "polyrl"
+    return Path(root) / "models"

@@ -93,13 +93,20 @@ def test_arithmetic_asked_as_a_chat_question_rewards_the_first_number() -> None:
     assert chat.reward(problem, f"{problem.answer}<|im_end|>") == 1.0
     assert chat.reward(problem, f"{left} + {right} = {problem.answer}") == (left == left + right)
     assert chat.reward(problem, "I do not know") == 0.0
+    last = load(
+        "arithmetic",
+        {"digits": 1, "template": "What is {left} {op} {right}?", "match": "last-number"},
+    )
+    problem = last.held_out()[0]
+    assert last.reward(problem, f"{problem.prompt[8:-1]} = {problem.answer}") == 1.0
+    assert last.reward(problem, f"{problem.answer} or {int(problem.answer) + 1}") == 0.0
 
 
 @pytest.mark.parametrize(
     ("params", "message"),
     [
         ({"template": "{left} plus {x}"}, r"template .* must use only \{left\}"),
-        ({"match": "last-number"}, "match must be one of prefix, first-number"),
+        ({"match": "middle-number"}, "match must be one of prefix, first-number, last-number"),
         ({"system": ""}, "param system must be a non-empty string"),
     ],
 )

@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from polyrl.api.launch import MODEL_CACHE_ENV
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -37,7 +39,7 @@ MAGIC = b"GGUF"
 SUFFIX = ".gguf"
 # Where dequantized directories go when the caller's cache should not be used (a job's
 # scratch directory is per run; a user's cache is shared by every run on the machine).
-CACHE_ENV = "POLYRL_MODEL_CACHE"
+CACHE_ENV = MODEL_CACHE_ENV
 SOURCE_FILE = "polyrl-gguf.json"
 _CHUNK = 1 << 22
 

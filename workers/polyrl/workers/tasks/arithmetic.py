@@ -9,9 +9,10 @@ significant first, after the sign ("12+39=" -> "15", "3-15=" -> "-21").
 For chat models: `template` (default "{left}{op}{right}=") writes the problem, e.g. "What is
 {left} {op} {right}?"; `system` (default none) makes each problem a chat conversation, that
 system message and the problem as the user's; `match` says what a completion must do:
-`prefix` (default: its first word is the answer, for models taught the bare format) or
-`first-number` (the first integer it contains is the answer: for instruct models, which
-may write "The answer is 64." or "64." but must lead with the result).
+`prefix` (default: its first word is the answer, for models taught the bare format),
+`first-number` (the first integer it contains is the answer: instruct models may write
+"The answer is 64." or "64." but must lead with the result) or `last-number` (the last
+integer it contains: "18 + 46 = 64" counts, as answer extraction for math usually does).
 
 Why `reverse`: written most significant digit first, the tens digit of a sum depends on a carry
 from a digit not yet written, so the model must compute it silently; reversed, every digit
@@ -35,7 +36,7 @@ from polyrl.workers.tasks import base
 NAME = "arithmetic"
 OPERATORS = "+-*/"
 TEMPLATE = "{left}{op}{right}="
-MATCHES = ("prefix", "first-number")
+MATCHES = ("prefix", "first-number", "last-number")
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -100,9 +101,10 @@ class Arithmetic(base.GeneratedTask):
         )
 
     def reward(self, problem: base.Problem, completion: str) -> float:
-        if self.match == "first-number":
-            found = _NUMBER.search(completion)
-            return 1.0 if found is not None and found.group() == problem.answer else 0.0
+        if self.match != "prefix":
+            found = _NUMBER.findall(completion)
+            picked = found[0 if self.match == "first-number" else -1] if found else None
+            return 1.0 if picked == problem.answer else 0.0
         text = base.answer_text(completion)
         return 1.0 if text.split(" ", 1)[0] == problem.answer else 0.0
 
