@@ -51,7 +51,7 @@ def smollm2_config(layers: int) -> LlamaConfig:
         num_attention_heads=9,
         num_key_value_heads=3,
         max_position_embeddings=8192,
-        rope_theta=100000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
     )
@@ -62,7 +62,9 @@ def build(args: argparse.Namespace, dtype: torch.dtype) -> PreTrainedModel:
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
         return model
     torch.manual_seed(0)
-    return LlamaForCausalLM(smollm2_config(args.layers)).to(dtype)  # type: ignore[no-untyped-call]
+    built = LlamaForCausalLM(smollm2_config(args.layers))  # type: ignore[no-untyped-call]
+    torch.nn.Module.to(built, dtype=dtype)  # nn.Module's own `to`: transformers' confuses mypy
+    return built
 
 
 def agreement(args: argparse.Namespace, trainer: PreTrainedModel) -> dict[str, float]:
@@ -107,12 +109,12 @@ def grpo_step_seconds(args: argparse.Namespace, trainer: PreTrainedModel) -> dic
         loss, _ = grpo_loss(
             new, old, advantages * mask, mask, clip_low=0.2, clip_high=0.28, tis_cap=2.0
         )
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         _sync(args.device)
         times.append(time.perf_counter() - started)
-    trainer.eval()
+    torch.nn.Module.eval(trainer)
     figures = {"grpo_step_s": times[-1], "grpo_step_rows": rows, "grpo_step_tokens": rows * length}
     if args.device.startswith("cuda"):
         figures["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -135,8 +137,9 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=16)
     args = parser.parse_args()
     started = time.perf_counter()
-    trainer = build(args, torch.float32).to(args.device)
-    trainer.eval()
+    trainer = build(args, torch.float32)
+    torch.nn.Module.to(trainer, device=args.device)
+    torch.nn.Module.eval(trainer)
     figures: dict[str, object] = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "model": str(args.model or f"random SmolLM2 shape, {args.layers} layers"),
