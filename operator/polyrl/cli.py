@@ -60,7 +60,8 @@ def _run(args: argparse.Namespace) -> int:
     title = f"{job.metadata.name}: reward and held-out figures by trainer step"
     plotted = report.plot(state, run_dir / "plot.png", title=title)
     print(
-        f"run directory: {run_dir} (metrics.jsonl, plot.png, trainers/ checkpoints, logs/)",
+        f"run directory: {run_dir} (metrics.jsonl, tensorboard/, plot.png, trainers/ "
+        "checkpoints, logs/)",
         file=sys.stderr,
     )
     if plotted is None and code == 0:  # a failure already said why

@@ -122,9 +122,10 @@ def ensure_directory(path: Path, cache_dir: Path, *, sha256: str | None = None) 
 
     Processes sharing the cache (trainer ranks, tests) take turns under a file lock: the
     first converts into a staging directory beside the target and renames it into place."""
-    digest = check(path, sha256=sha256)
+    digest = check_file(path, sha256=sha256)
     if (found := cached(path, cache_dir, digest)) is not None:
-        return found
+        return found  # converted before: no need for `gguf` (not in every environment)
+    architecture(path)
     root = cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     target = root / digest[:16]

@@ -49,7 +49,7 @@ from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.wire import DeadLetter
 from polyrl.workers.errors import ConfigError, Unavailable
-from polyrl.workers.runtime import outage
+from polyrl.workers.runtime import outage, tensorboard
 from polyrl.workers.runtime import prometheus as worker_metrics
 from polyrl.workers.runtime.prometheus import WorkerMetrics
 
@@ -82,10 +82,14 @@ STAGES_FILE = "stages.jsonl"
 
 class MetricsLog:
     """The run's metrics JSONL ($POLYRL_METRICS_FILE, set by `polyrl run`), which trainers and
-    the workflow runner append to; without it, writing does nothing."""
+    the workflow runner append to, and the same figures as TensorBoard event files in
+    `tensorboard/` beside it (`runtime.tensorboard`); without a path, writing does nothing."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self.events = (
+            None if path is None else tensorboard.EventWriter(path.with_name(tensorboard.DIRECTORY))
+        )
 
     @classmethod
     def from_env(cls) -> MetricsLog:
@@ -99,6 +103,8 @@ class MetricsLog:
             return
         with path.open("a") as out:
             out.writelines(json.dumps(record) + "\n" for record in records)
+        if path == self.path and self.events is not None:
+            self.events.write(records)
 
     def stage(self, policy: str, stage: str) -> None:
         """Note what a trainer does now (warming up, evaluating, training) in `stages.jsonl`
