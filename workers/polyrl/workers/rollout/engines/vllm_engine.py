@@ -186,7 +186,22 @@ def _checkpoint(
         state.update(load_file(shard))
     if not state:
         raise ValueError(f"{directory} holds no *.safetensors weights")
-    return directory, state
+    return directory, _with_tied_head(directory, state)
+
+
+def _with_tied_head(directory: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with the output head under its own name, sharing the embedding's memory.
+
+    `save_pretrained` leaves a tied head out of the safetensors, but the trainer's state
+    dict (what weight sync names) has it, and a replica's host copy must hold the same names:
+    as in the model, the two names then share one tensor, which the delta codec patches once."""
+    config = json.loads((directory / "config.json").read_text())
+    tied = config.get(
+        "tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings")
+    )
+    if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return state
 
 
 def _generation(completion: Any) -> Generation:
