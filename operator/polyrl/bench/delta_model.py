@@ -33,7 +33,12 @@ from polyrl.workers.trainer import batching, grpo
 LEARNING_RATES = (1e-6, 1e-5)
 TASK = TaskSpec(
     name="arithmetic",
-    params={"digits": 1, "question": True, "system": "Reply with only the number."},
+    params={
+        "digits": 1,
+        "template": "{left} + {right} =",
+        "system": "Reply with only the number.",
+        "match": "last-number",
+    },
 )
 PROMPTS, GROUP, NEW_TOKENS, TEMPERATURE = 8, 8, 8, 1.0
 State = dict[str, torch.Tensor]

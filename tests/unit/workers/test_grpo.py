@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from polyrl.workers.trainer.batching import Sample, assign_advantages, collate, token_logprobs
+from polyrl.workers.trainer.batching import (
+    Sample,
+    assign_advantages,
+    collate,
+    completion_logprobs,
+    token_logprobs,
+)
 from polyrl.workers.trainer.grpo import (
     age_histogram,
     age_quantile,
@@ -432,3 +440,34 @@ def test_token_logprobs_of_bf16_logits_are_computed_in_float32() -> None:
     logits = torch.randn(1, 3, 4).to(torch.bfloat16)
     out = token_logprobs(logits, torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 1]]).bool(), 1.0)
     assert out.dtype == torch.float32
+
+
+def test_completion_logprobs_computes_the_head_only_where_scored_with_the_same_result() -> None:
+    """Rows of different prompt lengths, right-padded: the log-probs from the logits of the
+    tail columns equal those of the whole sequence's logits, and the model was asked for
+    logits from the column before the earliest completion token only."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=64)  # fmt: skip
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    samples = [
+        Sample([5, 6, 7, 8, 9, 10], [11, 12], [-1.0, -1.0], 1.0, "g", 0),
+        Sample([5, 6, 7], [13, 14, 15, 16], [-1.0] * 4, 0.0, "g", 0),
+    ]
+    batch = collate(samples, pad_id=0)
+    asked: list[int] = []
+    forward = model.forward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["logits_to_keep"])
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+    tail = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, 0.7)
+    whole = token_logprobs(
+        forward(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+        batch.input_ids, batch.loss_mask, 0.7,
+    )  # fmt: skip
+    assert asked == [batch.input_ids.shape[1] - 2]  # from column 2: before the 2nd row's first
+    torch.testing.assert_close(tail, whole, atol=1e-6, rtol=0)
+    assert bool((tail[batch.loss_mask] != 0).all())

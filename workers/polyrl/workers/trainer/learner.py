@@ -180,11 +180,12 @@ class Learner:
 
     def _logprobs(self, model: Any, batch: batching.Batch, part: slice) -> torch.Tensor:
         """`model`'s log-probs of the completion tokens of rows `part`, at sampling temperature."""
-        logits = model(
-            input_ids=batch.input_ids[part], attention_mask=batch.attention_mask[part]
-        ).logits
-        return batching.token_logprobs(
-            logits, batch.input_ids[part], batch.loss_mask[part], self.algo.temperature
+        return batching.completion_logprobs(
+            model,
+            batch.input_ids[part],
+            batch.attention_mask[part],
+            batch.loss_mask[part],
+            self.algo.temperature,
         )
 
     def _average_gradients(self) -> None:
