@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +45,24 @@ async def test_the_quick_delta_benchmark_reports_every_headline_figure() -> None
     assert figures["train_step_threads"] == 1  # the trainer's default, POLYRL_TORCH_THREADS
     assert figures["train_step_all_threads_s"] > 0
     assert isinstance(figures["shaped_link"], str)
+
+
+@pytest.mark.slow
+async def test_the_delta_benchmark_on_a_model_directory_measures_its_rl_steps(
+    tiny_bpe: Callable[[str], Path],
+) -> None:
+    """`--model`: GRPO steps of a chat model (here a tiny one) at both learning rates, each
+    step's delta applied bit for bit, and the last one synced over both links."""
+    model = tiny_bpe("llama")
+    figures = await asyncio.to_thread(bench.run, quick=True, model=model)
+    assert figures["model"] == str(model)
+    for suffix in ("", "_lr1e5"):
+        assert figures[f"bit_identical{suffix}"] is True
+        steps = figures[f"changed_fraction_per_step{suffix}"]
+        assert len(steps) == figures["rl_steps"] == 3
+        assert all(0 <= fraction <= 1 for fraction in steps)
+        assert figures[f"delta_vs_full_bf16{suffix}"] > 0
+        assert len(figures[f"mean_reward_per_step{suffix}"]) == 3
+    for key in ("sync_full_s", "sync_delta_s", "shaped_sync_full_s", "shaped_sync_delta_s"):
+        assert figures[key] > 0, key
+    assert figures["keyframe_bytes"] > figures["delta_bytes"] > 0

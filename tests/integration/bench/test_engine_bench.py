@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from polyrl.bench import engine as bench
+from polyrl.bench import engine_vllm
 
 
 @pytest.mark.slow
@@ -33,3 +37,19 @@ def test_the_quick_engine_benchmark_compares_the_torch_and_vllm_engines() -> Non
         assert figures[f"{engine}_logprob_max_diff"] <= 1e-3, engine
     ratio = figures["vllm_tokens_per_s"] / figures["torch_tokens_per_s"]
     assert figures["vllm_vs_torch_tokens_per_s"] == pytest.approx(ratio, abs=0.01)
+
+
+@pytest.mark.slow
+def test_the_engine_benchmark_on_a_model_directory_measures_each_dtype_and_batch_size(
+    tiny_bpe: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """`--model` without a vLLM environment: the torch engine's figures per compute dtype
+    and batch size, and its log-prob gap to the float32 trainer, on a chat model."""
+    figures = engine_vllm.model_matrix(None, tiny_bpe("llama"), workdir=tmp_path, quick=True)
+    assert figures["vllm_measured"] is False
+    for dtype in engine_vllm.DTYPES:
+        for batch in engine_vllm.BATCHES:
+            assert figures[f"torch_{dtype}_b{batch}_tokens_per_s"] > 0
+            assert figures[f"torch_{dtype}_b{batch}_first_token_s"] > 0
+    assert figures["torch_float32_logprob_max_diff"] <= 1e-4
+    assert 0 < figures["torch_bfloat16_logprob_max_diff"] < 0.5
