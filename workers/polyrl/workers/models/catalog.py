@@ -16,7 +16,6 @@ No torch here: the CLI imports this module to fetch, before anything heavy is in
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from polyrl.workers.models.gguf import sha256_of
 
 CACHE_ENV = "POLYRL_CACHE"
 
@@ -101,14 +102,6 @@ def pip_command() -> list[str]:
     if bootstrap.exists():
         return [str(bootstrap)]
     raise FetchError("no pip found (this Python's, on PATH, or polyrl's bootstrap venv)")
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fetch(name: str, *, root: Path | None = None, wheel: Path | None = None) -> Path:
