@@ -17,7 +17,7 @@ import torch
 
 from polyrl.workers.deltas.decode import apply_delta
 from polyrl.workers.deltas.encode import encode_delta
-from polyrl.workers.models import catalog
+from polyrl.workers.models import catalog, gguf
 from polyrl.workers.models.loading import load_directory
 from polyrl.workers.rollout.engines.base import SamplingParams
 from polyrl.workers.rollout.engines.torch_engine import TorchEngine
@@ -122,4 +122,4 @@ def test_a_fetched_model_is_found_in_the_cache_without_downloading(
     monkeypatch.setattr(catalog, "_download", no_download)
     path = catalog.fetch("smollm2-135m-instruct")
     assert path == catalog.target(catalog.lookup("smollm2-135m-instruct"))
-    assert catalog.sha256_of(path) == catalog.lookup("smollm2-135m-instruct").sha256
+    assert gguf.sha256_of(path) == catalog.lookup("smollm2-135m-instruct").sha256
