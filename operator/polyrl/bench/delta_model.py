@@ -24,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from polyrl.api.resources import TaskSpec
+from polyrl.bench import measure
 from polyrl.workers import tasks
 from polyrl.workers.deltas import decode, encode, format
 from polyrl.workers.rollout.engines.base import SamplingParams
@@ -100,7 +101,7 @@ def _rl_snapshots(model_dir: Path, *, lr: float, steps: int) -> tuple[list[State
     )
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=lr, weight_decay=0.0)
     task, rng = tasks.load_task(TASK), random.Random(0)
-    snapshots, rewards = [_bf16(trainer)], []
+    snapshots, rewards = [measure._bf16(trainer)], []
     for step in range(steps):
         problems = [task.sample(rng) for _ in range(PROMPTS)]
         prompts = [_encode(tokenizer, p.request) for p in problems]
@@ -128,7 +129,7 @@ def _rl_snapshots(model_dir: Path, *, lr: float, steps: int) -> tuple[list[State
             )
         rewards.append(sum(s.reward for s in samples) / len(samples))
         _grpo_step(trainer, optimizer, samples, int(tokenizer.pad_token_id or 0))
-        snapshots.append(_bf16(trainer))
+        snapshots.append(measure._bf16(trainer))
         engine.load_weights(snapshots[-1])
     return snapshots, rewards
 
@@ -196,8 +197,3 @@ def _step_figures(old: State, new: State, version: int) -> dict[str, Any]:
             torch.equal(target[k].view(torch.int16), new[k].view(torch.int16)) for k in new
         ),
     }
-
-
-def _bf16(model: torch.nn.Module) -> State:
-    """The trainer's state as it publishes it: bf16, the tied head kept as its own name."""
-    return {name: t.detach().to(torch.bfloat16).clone() for name, t in model.state_dict().items()}
