@@ -53,6 +53,28 @@ def running_names(kubectl: Kubectl, ns: str, selector: str) -> list[str]:
     )
 
 
+def ready_names(kubectl: Kubectl, ns: str, selector: str) -> list[str]:
+    """Live pods whose Ready condition is True: what the operator's scale-down order reads."""
+    return sorted(
+        p["metadata"]["name"]
+        for p in live(pods(kubectl, ns, selector))
+        if any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in p["status"].get("conditions") or []
+        )
+    )
+
+
+def wait_ready(
+    kubectl: Kubectl, ns: str, selector: str, count: int, timeout: float = 60
+) -> list[str]:
+    return wait_until(
+        f"{count} Ready pods matching {selector}",
+        lambda: names if len(names := ready_names(kubectl, ns, selector)) == count else None,
+        timeout=timeout,
+    )
+
+
 def wait_running(
     kubectl: Kubectl, ns: str, selector: str, count: int, timeout: float = 30
 ) -> list[str]:

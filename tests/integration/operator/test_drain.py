@@ -45,7 +45,7 @@ from polyrl.testing.operatorprocess import OperatorProcess
 from polyrl.testing.waiting import wait_until, wait_until_async
 from polyrl.workers.models.chartokenizer import build_tokenizer
 
-from .helpers import apply, job_doc, live, pods, wait_running
+from .helpers import apply, job_doc, live, pods, wait_ready, wait_running
 
 REQUESTS = 40
 ROLLOUTS = "polyrl.dev/policy-group=drain-solver,polyrl.dev/role=rollout"
@@ -236,6 +236,9 @@ def scale_down_under_load(
     request: Callable[[int, str], bytes],
 ) -> tuple[Load, dict[str, float]]:
     """Load the 3 serving pods, scale to 1; what was seen, and when each pod was deleted."""
+    # Scale-down drains not-Ready pods first: a pod serving over NATS whose Ready condition
+    # has not reached the API yet would be picked before the newest, so wait for all three.
+    wait_ready(kubectl, ns, ROLLOUTS, 3)
     names = JobNames(namespace=ns, job="drain")
     deleted: dict[str, float] = {}
     stop = threading.Event()
