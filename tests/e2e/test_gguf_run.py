@@ -1,6 +1,7 @@
 """A job whose model is a GGUF file, under `polyrl run`: the trainer converts it once into
-the model cache, rollout workers serve it through the bundle, and it trains; a file whose
-hash differs from the declared one stops the run before any process starts."""
+the model cache, rollout workers serve it through the bundle, it trains and is evaluated by
+its own rollout pool (`evalOn: rollout`, under the per-role NATS users `polyrl run` signs);
+a file whose hash differs from the declared one stops the run before any process starts."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ spec:
   policies:
     - name: solver
       model: {path: "FILE", sha256: "HASH", dtype: bfloat16, promptFormat: chat}
-      trainer: {steps: 4, batchSize: 16, microBatchSize: 16, evalEvery: 4, optimizer: {lr: 1.0e-4}}
+      trainer: {steps: 2, batchSize: 16, microBatchSize: 16, evalEvery: 2, evalOn: rollout, evalSamples: 4, optimizer: {lr: 1.0e-4}}
       rollout: {replicas: 1, engine: torch}
   workflow:
     name: single
@@ -49,7 +50,7 @@ def _run(tmp_path: Path, file: Path, digest: str) -> subprocess.CompletedProcess
     )  # fmt: skip
 
 
-def test_a_gguf_model_is_converted_once_served_through_the_bundle_and_trained(
+def test_a_gguf_model_is_converted_once_served_through_the_bundle_trained_and_pool_evaluated(
     tmp_path: Path, tiny_bpe: Callable[[str], Path]
 ) -> None:
     model, tokenizer = loading.load_directory(tiny_bpe("llama"), dtype=torch.float32)
@@ -66,9 +67,13 @@ def test_a_gguf_model_is_converted_once_served_through_the_bundle_and_trained(
     converted = tmp_path / "models" / "gguf" / digest[:16]
     assert json.loads((converted / "polyrl-gguf.json").read_text())["sha256"] == digest
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    steps = [
-        r["step"] for r in map(json.loads, lines) if r.get("policy") == "solver" and "step" in r
-    ]
-    assert max(steps) == 4
+    records = [r for r in map(json.loads, lines) if r.get("policy") == "solver" and "step" in r]
+    assert max(r["step"] for r in records) == 2
+    evaluated = {r["step"]: r for r in records if "accuracy" in r}
+    assert sorted(evaluated) == [0, 2]  # the start, once the pool serves it, and the end
+    for figures in evaluated.values():
+        assert 0.0 <= figures["pass_at_1"] <= figures["pass_at_4"] <= 1.0
+        assert figures["eval_off_version"] == 0  # answered at the version evaluated
+    assert evaluated[2]["version"] > evaluated[0]["version"]
     rollout = next((tmp_path / "run" / "logs").glob("*-rollout-0.log")).read_text()
     assert "refused" not in rollout

@@ -97,6 +97,7 @@ def _rollout(names: JobNames, policy: str) -> Grant:
     return Grant(
         publish=[
             f"{names.prefix}.replies.*",
+            names.eval_replies_subject(policy),
             names.drained_subject(policy, "*"),
             *read_stream(names.requests_stream(policy)),
             *read_stream(names.weights_stream(policy)),
@@ -118,8 +119,10 @@ def _trainer(names: JobNames, policy: str, policies: Sequence[str]) -> Grant:
             *read_stream(names.trajectories_stream(policy)),
             *read_stream(_kv(names.heartbeats_bucket)),
             *(s for p in policies for s in read_stream(_obj(names.weights_bucket(p)))),
+            # Held-out evaluation through the policy's own pool (`trainer.evalOn: rollout`).
+            *write_stream(names.requests_stream(policy), [names.requests_subject(policy)]),
         ],
-        subscribe=[],
+        subscribe=[names.eval_replies_subject(policy)],
     )
 
 

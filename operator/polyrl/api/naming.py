@@ -87,6 +87,11 @@ class JobNames(ApiModel):
     def requests_subject(self, policy: str) -> str:
         return f"{self.prefix}.{policy}.requests"
 
+    def eval_replies_subject(self, policy: str) -> str:
+        """Where rollout workers answer a trainer's held-out evaluation requests
+        (`trainer.evalOn: rollout`): apart from the workflow runners' replies."""
+        return f"{self.prefix}.{policy}.eval-replies"
+
     def requests_stream(self, policy: str) -> str:
         return f"{self._dash}-{policy}-requests"
 

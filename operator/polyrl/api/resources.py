@@ -88,6 +88,13 @@ class SourceSpec(ApiModel):
     )
 
 
+class EvalOn(enum.StrEnum):
+    """Where a policy's held-out answers are generated."""
+
+    TRAINER = "trainer"  # greedy decoding on rank 0, between steps
+    ROLLOUT = "rollout"  # requests to the policy's own rollout pool
+
+
 class WhenDeleted(enum.StrEnum):
     """What becomes of an operator-made checkpoint claim when its RLJob is deleted."""
 
@@ -117,8 +124,22 @@ class CheckpointSpec(ApiModel):
     )
 
 
+_EVAL_SAMPLES_MESSAGE = "evalSamples needs evalOn: rollout (the trainer evaluates greedily)"
+
+
 class TrainerSpec(ApiModel):
     """The policy's trainer: torchrun with `replicas` nodes of `nprocPerNode` ranks."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.evalSamples == 0 || self.evalOn == 'rollout'",
+                    "message": _EVAL_SAMPLES_MESSAGE,
+                }
+            ]
+        }
+    }
 
     replicas: int = Field(1, ge=1, le=64, description="torchrun nodes (pods).")
     nproc_per_node: int = Field(1, ge=1, le=16, description="Ranks per trainer pod.")
@@ -176,6 +197,16 @@ class TrainerSpec(ApiModel):
         ge=0,
         description="Steps between held-out evaluations of the policy, by `eval` (0: never; also before and after the warm-up when not 0). Refused where the policy has no evaluation.",
     )
+    eval_on: EvalOn = Field(
+        EvalOn.TRAINER,
+        description="Where held-out answers are generated: trainer (greedy decoding on the trainer's rank 0, between steps; cheap for small models) or rollout (requests to the policy's own rollout pool, served at the version being evaluated by its engine, batched like training requests; the before-warm-up figures stay on the trainer, since the pool never serves those weights).",
+    )
+    eval_samples: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="With evalOn: rollout, also sample this many completions per held-out problem at algorithm.temperature and report pass_at_1 (their mean reward) and pass_at_k (any of them right); 0: greedy accuracy only.",
+    )
     restart_limit: int = Field(
         3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed."
     )
@@ -196,6 +227,12 @@ class TrainerSpec(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, description="Taints trainer pods tolerate."
     )
+
+    @model_validator(mode="after")
+    def _eval_samples(self) -> TrainerSpec:
+        if self.eval_samples and self.eval_on != EvalOn.ROLLOUT:
+            raise ValueError(_EVAL_SAMPLES_MESSAGE)
+        return self
 
 
 _REPLICAS_MESSAGE = "rollout replicas must satisfy minReplicas <= replicas <= maxReplicas"

@@ -85,6 +85,10 @@ def test_a_valid_job_is_accepted_and_defaulted(
             "spec.policies[0].model.path: Required value",
         ),
         (job(spec__policies__0__trainer={"batchSize": 0}), "should be greater than or equal to 1"),
+        (
+            job(spec__policies__0__trainer={"evalSamples": 8}),
+            "evalSamples needs evalOn: rollout",
+        ),
         (job(spec__algorithm={"maxStaleness": -1}), "spec.algorithm.maxStaleness"),
         (job(metadata={"name": "Bad_Name"}), "a lowercase RFC 1123"),
         (job(metadata={"name": "x" * 46}), "job and policy names are too long"),

@@ -108,7 +108,11 @@ async def setup(
 
 
 async def ask(
-    nc: NatsClient, names: JobNames, prompts: Sequence[str | list[int]], n: int = 2
+    nc: NatsClient,
+    names: JobNames,
+    prompts: Sequence[str | list[int]],
+    n: int = 2,
+    temperature: float = 1.0,
 ) -> list[GenerationResponse]:
     inbox = f"test.{uuid.uuid4().hex}"
     sub = await nc.subscribe(inbox)
@@ -121,6 +125,7 @@ async def ask(
             prompt_tokens=CHARS(prompt)["input_ids"] if isinstance(prompt, str) else prompt,
             n=n,
             max_new_tokens=6,
+            temperature=temperature,
             reply_to=inbox,
         )
         await nc.jetstream().publish(
@@ -304,3 +309,44 @@ async def test_fuzzed_drain_requests_are_dead_lettered_and_the_replica_keeps_ser
     assert not task.done()
     assert not worker.draining.is_set()
     assert (await ask(nc, names, ["2+2="], n=1))[0].completions
+
+
+async def test_a_trainer_evaluates_through_the_pool_at_its_version_and_hears_of_none_later(
+    setup: Any, nats_server: NatsServer
+) -> None:
+    from polyrl.workers.models import prompts
+    from polyrl.workers.tasks import base
+    from polyrl.workers.trainer.pool_scoring import PoolScorer, PoolUnanswered
+
+    nc, names, trainer, _, worker, _ = setup
+    config = worker.rt.config.model_copy(update={"role": Role.TRAINER})
+    rt = await Runtime.connect(config, "trainer-0")
+    try:
+        scorer = PoolScorer(
+            rt=rt, policy="solver", tokenizer=prompts.for_training(trainer.tokenizer, "text"),
+            max_new_tokens=6, answer_tokens=6, samples=3, temperature=1.0,
+            loop=asyncio.get_running_loop(), request_timeout=60,
+        )  # fmt: skip
+        asked = ["12+35=", "7+8=", "40+2="]
+        greedy = await asyncio.to_thread(scorer.greedy, asked)
+        direct = [
+            CHARS.decode(r.completions[0].tokens, skip_special_tokens=True)
+            for r in await ask(nc, names, asked, n=1, temperature=0.0)
+        ]
+        assert greedy == direct  # the pool's greedy answers, in the order asked
+        sampled = await asyncio.to_thread(scorer.sampled, asked, n=3)
+        assert [len(row) for row in sampled] == [3, 3, 3]
+        problems = [
+            base.Problem(prompt=p, answer=g, id=p) for p, g in zip(asked, greedy, strict=True)
+        ]
+        right = await asyncio.to_thread(
+            scorer.accuracy, problems, reward=lambda p, t: float(t == p.answer)
+        )
+        assert right == 1.0
+        assert scorer.off_version == 0  # every answer from version 0, the one evaluated
+        # A version the pool never gets: asked again under fresh ids, then a clear error.
+        scorer.version, scorer.request_timeout, scorer.retries = 5, 1.0, 2
+        with pytest.raises(PoolUnanswered, match="1 of 1 evaluation requests unanswered"):
+            await asyncio.to_thread(scorer.greedy, ["1+1="])
+    finally:
+        await rt.close()

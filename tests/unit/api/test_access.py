@@ -93,3 +93,18 @@ def test_a_user_jwt_is_signed_by_the_accounts_signing_key_and_carries_the_grant(
     config = trust.server_config()
     assert trust.account.public in config
     assert trust.signing.seed not in config
+
+
+def test_a_trainer_asks_only_its_own_pool_and_hears_only_its_own_answers() -> None:
+    trainer = access.grant(JOB, Role.TRAINER, "solver", POLICIES)
+    assert JOB.requests_subject("solver") in trainer.publish
+    assert JOB.requests_subject("verifier") not in trainer.publish
+    assert trainer.subscribe == [
+        f"{access.inbox_prefix(JOB, Role.TRAINER, 'solver')}.>",
+        JOB.eval_replies_subject("solver"),
+    ]
+    rollout = access.grant(JOB, Role.ROLLOUT, "solver", POLICIES).publish
+    assert JOB.eval_replies_subject("solver") in rollout
+    assert JOB.eval_replies_subject("verifier") not in rollout
+    workflow = access.grant(JOB, Role.WORKFLOW, None, POLICIES).subscribe
+    assert not any(s.endswith("eval-replies") for s in workflow)  # not the runners' replies

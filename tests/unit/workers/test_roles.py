@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from polyrl.api.resources import RLJobSpec, Source
+from polyrl.api.resources import RLJobSpec, Source, TaskSpec
 from polyrl.workers import preflight, tasks
 from polyrl.workers.errors import ConfigError
 from polyrl.workers.workflows import interface as roles
@@ -142,3 +142,42 @@ def test_the_one_policy_workflow_in_the_docs_declares_its_role_and_runs_an_episo
     episode = Episode("e", job, task, random.Random(0), generate, emit)
     asyncio.run(workflow.run(episode))
     assert sent == [1.0, 0.0, 0.0, 0.0]
+
+
+class ScriptedPool:
+    """A stand-in for the rollout pool's scorer: answers from a script, to check the
+    arithmetic of pass@k (the pool itself is tested in test_rollout_worker)."""
+
+    max_new_tokens = answer_tokens = 4
+    samples = 4
+
+    def __init__(self, greedy: dict[str, str], sampled: dict[str, list[str]]) -> None:
+        self.answers, self.samples_of = greedy, sampled
+
+    def greedy(self, prompts: Any, *, max_new_tokens: int | None = None) -> list[str]:
+        return [self.answers[p] for p in prompts]
+
+    def sampled(
+        self, prompts: Any, *, n: int, max_new_tokens: int | None = None
+    ) -> list[list[str]]:
+        assert n == self.samples
+        return [self.samples_of[p] for p in prompts]
+
+    def accuracy(self, problems: Any, *, reward: Any, max_new_tokens: int | None = None) -> float:
+        texts = self.greedy([p.request for p in problems])
+        return float(sum(reward(p, t) for p, t in zip(problems, texts, strict=True))) / len(
+            problems
+        )
+
+
+def test_task_accuracy_reports_pass_at_1_and_pass_at_k_where_the_scorer_samples() -> None:
+    task = tasks.load_task(TaskSpec(name="arithmetic", params={"digits": 1}, held_out=2))
+    first, second = task.held_out()
+    pool = ScriptedPool(
+        {first.prompt: first.answer, second.prompt: "x"},
+        {first.prompt: [first.answer] * 4, second.prompt: ["x", "x", second.answer, "x"]},
+    )
+    figures = roles.TaskAccuracy(task).evaluate(pool)
+    assert figures == {"accuracy": 0.5, "pass_at_1": 5 / 8, "pass_at_4": 1.0}
+    pool.samples = 0  # greedy only
+    assert roles.TaskAccuracy(task).evaluate(pool) == {"accuracy": 0.5}

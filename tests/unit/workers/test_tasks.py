@@ -133,6 +133,20 @@ def test_arithmetic_answers_are_right_for_every_operator() -> None:
         assert task.reward(p, p.answer) == 1.0
 
 
+def test_arithmetic_max_draws_operands_up_to_it_and_sizes_the_held_out_split() -> None:
+    task = load("arithmetic", {"max": 19, "ops": "+/"}, held_out=200)
+    rng = random.Random(2)
+    seen: set[int] = set()
+    for _ in range(2000):
+        left, op, right = _split_arithmetic(task.sample(rng).prompt)
+        assert 0 <= left <= 19 and 0 <= right <= 19
+        seen.update((left, right) if op == "+" else ())
+    assert max(seen) == 19  # the bound is reached, not just respected
+    assert len(task.held_out()) == 200  # 400 sums and 79 quotients: room for 200
+    with pytest.raises(ValueError, match=r"param max must be an integer in \[1, 999999999\]"):
+        load("arithmetic", {"max": 0})
+
+
 def _split_arithmetic(prompt: str) -> tuple[int, str, int]:
     body = prompt.removesuffix("=")
     for op in "+-*/":

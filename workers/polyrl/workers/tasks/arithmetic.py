@@ -1,8 +1,10 @@
 """`arithmetic`: "12+35=" -> "47", the smallest task a tiny model can learn and RL can improve.
 
-Params: `digits` (1-9, default 2): operands are drawn from [0, 10**digits); `ops` (default "+"):
+Params: `digits` (1-9, default 2): operands are drawn from [0, 10**digits); `max` (optional,
+1 to 10**9 - 1) draws them from [0, max] instead, for a range between two digit counts (a
+pretrained model may know one-digit sums and not two-digit ones); `ops` (default "+"):
 the operators to draw from, any of "+-*/". Division problems are built as `(b*q)/b`, so every
-answer is an integer and the dividend keeps at most `digits` digits. Subtraction answers may be
+answer is an integer and the dividend stays in the operands' range. Subtraction answers may be
 negative ("3-5=" -> "-2"). `reverse` (default false): the answer's digits are written least
 significant first, after the sign ("12+39=" -> "15", "3-15=" -> "-21").
 
@@ -52,6 +54,7 @@ class Arithmetic(base.GeneratedTask):
         template: str = TEMPLATE,
         system: str | None = None,
         match: str = "prefix",
+        largest: int | None = None,
     ) -> None:
         if not ops or any(op not in OPERATORS for op in ops):
             raise ValueError(f"task {NAME}: ops must be made of {OPERATORS!r}, got {ops!r}")
@@ -61,6 +64,8 @@ class Arithmetic(base.GeneratedTask):
                 f"task {NAME}: match must be one of {', '.join(MATCHES)}, got {match!r}"
             )
         self.digits = digits
+        # Operands are drawn from [0, limit).
+        self.limit = 10**digits if largest is None else largest + 1
         self.reverse = reverse
         self.template, self.system, self.match = template, system, match
         self.ops = "".join(sorted(set(ops), key=OPERATORS.index))
@@ -71,14 +76,14 @@ class Arithmetic(base.GeneratedTask):
         return NAME
 
     def space_size(self) -> int:
-        limit = 10**self.digits
+        limit = self.limit
         pairs = {"+": limit * limit, "-": limit * limit, "*": limit * limit}
         # (b, q) with b >= 1 and b*q < limit: q = 0 for every b, plus the divisor-sum.
         pairs["/"] = (limit - 1) + _divisor_summatory(limit - 1)
         return sum(pairs[op] for op in self.ops)
 
     def generate(self, rng: random.Random) -> base.Problem:
-        limit = 10**self.digits
+        limit = self.limit
         op = rng.choice(self.ops)
         if op == "/":
             divisor = rng.randrange(1, limit)
@@ -152,8 +157,11 @@ def _optional_str(params: base.Params, key: str, default: str | None) -> str | N
 
 
 def make(params: base.Params, *, held_out: int, seed: int) -> Arithmetic:
-    base.check_known(NAME, params, {"digits", "ops", "reverse", "template", "system", "match"})
+    base.check_known(
+        NAME, params, {"digits", "max", "ops", "reverse", "template", "system", "match"}
+    )
     digits = base.int_param(NAME, params, "digits", 2, 1, 9)
+    largest = base.int_param(NAME, params, "max", 10**digits - 1, 1, 10**9 - 1)
     ops = params.get("ops", "+")
     if not isinstance(ops, str):
         raise ValueError(f"task {NAME}: param ops must be a string such as '+-', got {ops!r}")
@@ -165,4 +173,5 @@ def make(params: base.Params, *, held_out: int, seed: int) -> Arithmetic:
     return Arithmetic(
         digits=digits, ops=ops, held_out=held_out, seed=seed, reverse=reverse,
         template=template, system=_optional_str(params, "system", None), match=match,
+        largest=largest if "max" in params else None,
     )  # fmt: skip

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import WeightSync
+from polyrl.api.resources import EvalOn, WeightSync
 from polyrl.api.wire import Trajectory
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.errors import StorageFull
@@ -44,6 +44,7 @@ from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import MetricsLog, Runtime
 from polyrl.workers.trainer import grpo, warmstart
 from polyrl.workers.trainer.learner import Learner
+from polyrl.workers.trainer.pool_scoring import PoolScorer
 from polyrl.workers.trainer.scoring import ModelScorer
 from polyrl.workers.weightsync import announce, bundle, retention
 from polyrl.workers.weightsync.publish import WeightPublisher
@@ -120,6 +121,8 @@ class Leader:
             roles.budget(role, spec, self.policy),
             spec.algorithm.max_new_tokens,
         )
+        self.pool: PoolScorer | None = None  # `trainer.evalOn: rollout` (made in `start`)
+        self.step0: dict[str, float] = {}  # warm-up figures the step-0 record carries
 
     async def start(self) -> Any:
         # Config and tokenizer first: the workflow runner encodes this policy's prompts with
@@ -150,6 +153,9 @@ class Leader:
         first = max(self.trainer.state.version, last.version if last else -1) + 1
         await self.publisher.publish(self.trainer.bf16(), version=first)
         self.trainer.state.version = first
+        if self.pool is not None:  # the pool serves the start only now
+            self.stage("evaluating on the rollout pool")
+            self.write_start(await self.evaluate_landed())
         self.started = time.monotonic()
         self.stage("training")
         return await self.rt.js.pull_subscribe(
@@ -165,7 +171,8 @@ class Leader:
         resumed = state.step > 0 or state.epoch > 0
         warming = warmstart.will_run(self.policy, self.role.warmup, resumed=resumed)
         self.stage("evaluating")
-        before = await asyncio.to_thread(self.evaluate) if warming else {}
+        # Before the warm-up on the trainer: no pool ever serves those weights.
+        before = await asyncio.to_thread(self.evaluate, self.scorer) if warming else {}
         self.stage("warming up" if warming else "starting")
         warmed = await asyncio.to_thread(
             warmstart.warm_start,
@@ -184,20 +191,56 @@ class Leader:
             self.stage("preparing its evaluation")
             handoff = NatsHandoff(self.rt, self.policy.name)
             await self.role.evaluator.prepare(handoff, self.scorer, first=state.step == 0)
+        self.step0 = warmstart.prefixed(warmed) | warmstart.prefixed(before, "before_warmup_")
+        if self.policy.trainer.eval_on == EvalOn.ROLLOUT:
+            # Through the pool once it serves the start (`start`, after the first version).
+            self.pool = PoolScorer(
+                rt=self.rt,
+                policy=self.policy.name,
+                tokenizer=self.scorer.tokenizer,
+                max_new_tokens=self.scorer.max_new_tokens,
+                answer_tokens=self.scorer.answer_tokens,
+                samples=self.policy.trainer.eval_samples,
+                temperature=spec.algorithm.temperature,
+                loop=asyncio.get_running_loop(),
+            )
+            return
         self.stage("evaluating")
-        start = await asyncio.to_thread(self.evaluate)
-        if start and state.step == 0:  # where RL starts from, as step 0
-            figures = {**start, **warmstart.prefixed(warmed)}
-            figures |= warmstart.prefixed(before, "before_warmup_")
-            self.write_metrics({"step": 0, "version": 0, **figures})
+        self.write_start(await asyncio.to_thread(self.evaluate))
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out figures every `evalEvery` steps (and at step 0), with `held_out`, the
-        evaluator's headline, which status and plots lead with."""
-        evaluator, every = self.role.evaluator, self.policy.trainer.eval_every
-        if evaluator is None or every == 0 or self.trainer.state.step % every:
+    def write_start(self, figures: dict[str, float]) -> None:
+        """Where RL starts from, as step 0 (not again when resumed)."""
+        if figures and self.trainer.state.step == 0:
+            version = self.trainer.state.version
+            self.write_metrics({"step": 0, "version": version, **figures, **self.step0})
+
+    async def evaluate_landed(self) -> dict[str, float]:
+        """With `evalOn: rollout`: held-out figures of the version just published, once it
+        has landed (the pool serves it; the trainer waits, so the pool stays on it)."""
+        if self.pool is None or not self.due():
             return {}
-        figures = evaluator.evaluate(self.scorer)
+        if self.publishing is not None:
+            await self.publishing
+        self.pool.version = self.trainer.state.version
+        return await asyncio.to_thread(self.evaluate)
+
+    def due(self) -> bool:
+        """Is this step one the policy is evaluated at (every `evalEvery`, and step 0)?"""
+        every = self.policy.trainer.eval_every
+        return self.role.evaluator is not None and every > 0 and not self.trainer.state.step % every
+
+    def evaluate(self, scorer: roles.Scorer | None = None) -> dict[str, float]:
+        """Held-out figures every `evalEvery` steps (and at step 0), with `held_out`, the
+        evaluator's headline, which status and plots lead with; by the policy's scorer
+        (its pool's, with `evalOn: rollout`) unless given one."""
+        evaluator = self.role.evaluator
+        if evaluator is None or not self.due():
+            return {}
+        started = time.monotonic()
+        figures = evaluator.evaluate(scorer or self.pool or self.scorer)
+        figures["eval_seconds"] = round(time.monotonic() - started, 3)
+        if self.pool is not None and scorer is None:
+            figures["eval_off_version"], self.pool.off_version = self.pool.off_version, 0
         log.info(  # on a cluster, where no metrics.jsonl is written, the log has them
             "held-out at step %d: %s",
             self.trainer.state.step,

@@ -70,7 +70,8 @@ async def _train(rt: Runtime, trainer: Learner, leader: Leader) -> None:
         if trainer.world > 1:
             await asyncio.to_thread(ranks.share_batch, samples)
         stats = await asyncio.to_thread(trainer.step, samples)
-        stats |= await asyncio.to_thread(leader.evaluate)
+        if leader.pool is None:  # on the trainer: before the weights leave
+            stats |= await asyncio.to_thread(leader.evaluate)
         # The new version first, then the acks: the workflow runner reads both (its staleness
         # bound, `staleness`), and room in the queue must not show before the version it is for.
         await leader.publish_next(final=last_step is not None and state.step >= last_step)
@@ -80,6 +81,7 @@ async def _train(rt: Runtime, trainer: Learner, leader: Leader) -> None:
             await msg.ack()
         if sync and leader.publishing is not None:
             await leader.publishing
+        stats |= await leader.evaluate_landed()  # on the pool: once they have landed
         stats["wait_seconds"] = started - waiting
         leader.record(stats, dropped=len(dropped), seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:

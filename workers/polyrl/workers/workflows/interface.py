@@ -76,6 +76,24 @@ class Scorer(Protocol):
         ...
 
 
+@runtime_checkable
+class SamplingScorer(Scorer, Protocol):
+    """A scorer that can also sample (the rollout pool's, `trainer.evalOn: rollout`), for
+    pass@k: `samples` completions per problem at the policy's temperature (0: none asked)."""
+
+    samples: int
+
+    def sampled(
+        self,
+        prompts: Sequence[str | Sequence[Mapping[str, str]]],
+        *,
+        n: int,
+        max_new_tokens: int | None = None,
+    ) -> list[list[str]]:
+        """`n` sampled completions of each prompt."""
+        ...
+
+
 class Evaluator(Protocol):
     """How a policy is evaluated: held-out figures from its greedy answers."""
 
@@ -142,7 +160,26 @@ class TaskAccuracy:
 
     def evaluate(self, scorer: Scorer) -> dict[str, float]:
         held_out = self.task.held_out()[: self.problems]
-        return {"accuracy": scorer.accuracy(held_out, reward=self.task.reward)}
+        figures = {"accuracy": scorer.accuracy(held_out, reward=self.task.reward)}
+        if isinstance(scorer, SamplingScorer) and scorer.samples > 0:
+            figures |= pass_at(scorer, held_out, self.task.reward, scorer.samples)
+        return figures
+
+
+def pass_at(
+    scorer: SamplingScorer,
+    problems: Sequence[base.Problem],
+    reward: Callable[[base.Problem, str], float],
+    k: int,
+) -> dict[str, float]:
+    """pass_at_1 (the mean reward of k samples per problem: pass@1's unbiased estimate at the
+    sampling temperature) and pass_at_k (the share of problems with a sample rewarded 1)."""
+    texts = scorer.sampled([p.request for p in problems], n=k)
+    rewards = [[reward(p, t) for t in row] for p, row in zip(problems, texts, strict=True)]
+    return {
+        "pass_at_1": sum(map(sum, rewards)) / (k * len(problems)),
+        f"pass_at_{k}": sum(max(row) >= 1.0 for row in rewards) / len(problems),
+    }
 
 
 class FunctionWorkflow:
