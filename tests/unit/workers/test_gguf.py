@@ -100,6 +100,19 @@ def test_a_file_is_converted_once_into_a_cache_keyed_by_its_hash(
     assert loading.source_config(ModelSource(path=str(file)), cache_dir=tmp_path) is not None
 
 
+def test_a_path_under_the_home_directory_may_be_written_with_a_tilde(
+    tiny_bpe: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = loading.load_directory(tiny_bpe("llama"), dtype=torch.float32)
+    (tmp_path / "home" / "models").mkdir(parents=True)
+    write_llama(model, tokenizer, tmp_path / "home" / "models" / "tiny.gguf")  # type: ignore[arg-type]
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    policy = PolicySpec.model_validate({"name": "p", "model": {"path": "~/models/tiny.gguf"}})
+    preflight.model_files(policy)  # found, and a GGUF file
+    assert sources.resolve("~/models/tiny.gguf") == str(tmp_path / "home/models/tiny.gguf")
+    assert sources.resolve("models/~x") == "models/~x"  # only a leading ~
+
+
 def test_a_file_that_is_not_gguf_is_refused_before_any_work(
     tiny_bpe: Callable[[str], Path], tmp_path: Path
 ) -> None:

@@ -139,7 +139,8 @@ def test_arithmetic_max_draws_operands_up_to_it_and_sizes_the_held_out_split() -
     seen: set[int] = set()
     for _ in range(2000):
         left, op, right = _split_arithmetic(task.sample(rng).prompt)
-        assert 0 <= left <= 19 and 0 <= right <= 19
+        assert 0 <= left <= 19
+        assert 0 <= right <= 19
         seen.update((left, right) if op == "+" else ())
     assert max(seen) == 19  # the bound is reached, not just respected
     assert len(task.held_out()) == 200  # 400 sums and 79 quotients: room for 200

@@ -124,9 +124,11 @@ def resolve_data(uri: str) -> Path:
 
 
 def resolve(path: str, *, cache_dir: Path | None = None) -> str:
-    """`path` as a local directory where it is an `hf://` or `pvc://` URI; else unchanged."""
+    """`path` as a local directory where it is an `hf://` or `pvc://` URI; else the local
+    path, with a leading `~` expanded (so that a job file can name the user's model cache,
+    such as `~/.cache/polyrl/models/...`, where `polyrl models fetch` puts files)."""
     if path.startswith(HF_SCHEME):
         return str(resolve_hf(path, cache_dir=cache_dir))
     if path.startswith(PVC_SCHEME):
         return str(resolve_pvc(path))
-    return path
+    return os.path.expanduser(path)

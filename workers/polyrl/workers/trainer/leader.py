@@ -123,6 +123,7 @@ class Leader:
         )
         self.pool: PoolScorer | None = None  # `trainer.evalOn: rollout` (made in `start`)
         self.step0: dict[str, float] = {}  # warm-up figures the step-0 record carries
+        self.publish_seconds: float | None = None  # the last version's encoding and upload
 
     async def start(self) -> Any:
         # Config and tokenizer first: the workflow runner encodes this policy's prompts with
@@ -282,6 +283,7 @@ class Leader:
     async def _publish(self, version: int, *, final: bool) -> None:
         """Publish `version`, then prune the bucket (`retention`): nothing a live replica or a
         new one needs goes, and the bucket stays bounded however long the job runs."""
+        started = time.monotonic()
         state = self.trainer.bf16()
         try:  # a retry rewrites the same objects; the announcements carry message ids
             await outage.retry(
@@ -296,6 +298,8 @@ class Leader:
                 f"({self.bucket_limit} messages, what retention keeps for this model with "
                 f"keyframeEvery {self.policy.keyframe_every}): version {version} not published"
             ) from err
+        # Encoding and upload, off the critical path: the next step's record carries it.
+        self.publish_seconds = round(time.monotonic() - started, 3)
         try:
             live = await retention.live_versions(self.rt.kv, self.policy.name)
             await retention.prune(self.publisher, live)
@@ -330,6 +334,7 @@ class Leader:
                 "stale_dropped": dropped,
                 "step_seconds": round(seconds, 4),
                 **stats,
+                **({"publish_seconds": self.publish_seconds} if self.publish_seconds else {}),
             }
         )
 

@@ -70,6 +70,7 @@ async def _train(rt: Runtime, trainer: Learner, leader: Leader) -> None:
         if trainer.world > 1:
             await asyncio.to_thread(ranks.share_batch, samples)
         stats = await asyncio.to_thread(trainer.step, samples)
+        stats["train_seconds"] = time.monotonic() - started
         if leader.pool is None:  # on the trainer: before the weights leave
             stats |= await asyncio.to_thread(leader.evaluate)
         # The new version first, then the acks: the workflow runner reads both (its staleness
