@@ -121,6 +121,10 @@ test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)
 test-learning: install ## the quick start's learning claims: two 10-minute runs (not in `make test`)
 	@$(VENV)/bin/pytest -m learning tests/e2e/test_quickstart_learns.py
 
+.PHONY: test-learning-smollm2
+test-learning-smollm2: install smollm2 ## SmolLM2 learns sums: two seeds and a shuffled control, about an hour (not in `make test`)
+	@$(VENV)/bin/pytest -s -m learning_smollm2 tests/e2e/test_smollm2_learns.py
+
 .PHONY: quickstart
 quickstart: install ## install, then run examples/quickstart.yaml on this machine
 	@$(VENV)/bin/polyrl run examples/quickstart.yaml

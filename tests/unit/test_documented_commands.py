@@ -21,6 +21,7 @@ THREE = "test_the_three_policy_example_warms_up_and_evaluates_every_policy"
 MATH_DATASET = "test_the_math_dataset_example_runs_from_files_to_synced_weights"
 TWO_TOKENIZERS = "test_two_policies_with_different_tokenizers_and_chat_templates_train_together"
 VLLM_CPU = "test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment"
+SMOLLM2 = "test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_ones"
 
 BY_SECTION = {
     ("README.md", "On a cluster"): CLUSTER_PATH,
@@ -45,6 +46,9 @@ BY_COMMAND = {
     "python examples/math_dataset.py --out data/math": MATH_DATASET,
     "polyrl run examples/math-dataset.yaml --run-dir runs/math": MATH_DATASET,
     "polyrl run examples/vllm-cpu.yaml --run-dir runs/vllm-cpu": VLLM_CPU,  # make test-vllm
+    "make smollm2": CI,  # `make test` depends on it
+    # Run as written by `make test-learning-smollm2` (its seed-0 run).
+    "polyrl run examples/smollm2-arithmetic.yaml --run-dir runs/smollm2": SMOLLM2,
 }
 
 

@@ -1,0 +1,127 @@
+"""A real pretrained model learns in polyrl: SmolLM2-135M-Instruct on sums, under `polyrl run`.
+
+Three runs of `examples/smollm2-arithmetic.yaml` (the GGUF file `make smollm2` fetches): the
+job as shipped (task seed 0), the same with task seed 1 (other training problems in another
+order, another held-out split), and seed 0 with `algorithm.shuffleRewards: true` (rewards
+permuted within each batch: no completion is rewarded for being right). The claims, at the
+job's step count (`STEPS`), because wall time varies with the machine's load:
+
+* greedy accuracy on the 200 held-out problems, answered by the policy's own rollout pool,
+  rises at least 15 points from step 0 in each rewarded run;
+* the shuffled control rises at most 3 points.
+
+Each run's wall time, steps and step-time breakdown (waiting for generation, training,
+evaluation, weight publication) are printed, whatever the outcome. About an hour on a
+2-core machine: `make test-learning-smollm2`, never part of `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests import documented
+
+from polyrl.workers.models import catalog
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.learning_smollm2]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-arithmetic.yaml"
+SOURCE = "examples/smollm2-arithmetic.yaml"
+GAIN = 0.15
+CONTROL_GAIN = 0.03
+RUN_SECONDS = 45 * 60  # one run's ceiling: far above a quiet machine's, for loaded ones
+
+
+def run(tmp_path: Path, *, seed: int, shuffle: bool) -> tuple[list[dict[str, Any]], float]:
+    """The solver's metric records of one run of the example, and its wall time. Seed 0 with
+    rewards is the example's own header command, run as written (where the model is where
+    the example says); the others run a copy of the job with the seed or the shuffle."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    model = catalog.target(catalog.lookup("smollm2-135m-instruct"))
+    if not model.exists():
+        pytest.fail(f"{model} is missing: fetch it with `make smollm2`")
+    tmp_path.mkdir(parents=True)
+    as_written = seed == 0 and not shuffle
+    if as_written and Path(doc["spec"]["policies"][0]["model"]["path"]).expanduser() == model:
+        (tmp_path / "examples").symlink_to(EXAMPLE.parent)
+        command = next(c.text for c in documented.commands() if c.source == SOURCE)
+        argv, run_dir = ["bash", "-c", command], tmp_path / "runs" / "smollm2"
+        assert command.endswith("--run-dir runs/smollm2"), command
+    else:
+        doc["spec"]["workflow"]["task"]["seed"] = seed
+        doc["spec"]["algorithm"]["shuffleRewards"] = shuffle
+        # The file where `make smollm2` put it ($POLYRL_CACHE may move it).
+        doc["spec"]["policies"][0]["model"]["path"] = str(model)
+        job = tmp_path / "job.yaml"
+        job.write_text(yaml.safe_dump(doc))
+        run_dir = tmp_path / "run"
+        argv = [sys.executable, "-m", "polyrl.cli", "run", str(job), "--run-dir", str(run_dir)]
+    started = time.monotonic()
+    # `polyrl` as the header writes it: this environment's.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env={**os.environ, "PATH": path},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=RUN_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the run stops its workers
+        proc.communicate(timeout=120)
+        raise
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, stderr[-3000:]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("policy") == "solver"], seconds
+
+
+def summary(name: str, records: list[dict[str, Any]], seconds: float) -> tuple[float, str]:
+    """The run's greedy gain and a line that says it with the step-time breakdown."""
+    evals = sorted((r["step"], r["accuracy"]) for r in records if "accuracy" in r)
+    steps = [r for r in records if "train_seconds" in r]
+    (first, start), (last, end) = evals[0], evals[-1]
+    assert first == 0, "no step-0 evaluation"
+
+    def median(key: str) -> float:
+        return float(statistics.median(r.get(key, 0.0) for r in steps))
+
+    line = (
+        f"{name}: greedy {start:.3f} -> {end:.3f} ({end - start:+.3f}) at step {last}, "
+        f"{len(steps)} steps in {seconds:.0f} s; median step {median('step_seconds'):.1f} s = "
+        f"waiting for samples {median('wait_seconds'):.1f} + training "
+        f"{median('train_seconds'):.1f} + rest; publishing {median('publish_seconds'):.1f} s "
+        f"(overlapped); evaluations "
+        + ", ".join(f"{r['eval_seconds']:.0f}" for r in records if "eval_seconds" in r)
+        + " s"
+    )
+    return end - start, line
+
+
+@pytest.mark.timeout(3 * RUN_SECONDS + 600)
+def test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_ones(
+    tmp_path: Path,
+) -> None:
+    results = {
+        "seed 0": run(tmp_path / "seed0", seed=0, shuffle=False),
+        "seed 1": run(tmp_path / "seed1", seed=1, shuffle=False),
+        "shuffled rewards": run(tmp_path / "shuffled", seed=0, shuffle=True),
+    }
+    gains, lines = {}, []
+    for name, (records, seconds) in results.items():
+        gains[name], line = summary(name, records, seconds)
+        lines.append(line)
+    said = "\n".join(lines)
+    print(said)
+    assert gains["seed 0"] >= GAIN, said
+    assert gains["seed 1"] >= GAIN, said
+    assert gains["shuffled rewards"] <= CONTROL_GAIN, said
