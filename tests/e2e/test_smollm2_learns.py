@@ -54,7 +54,11 @@ def run(tmp_path: Path, *, seed: int, shuffle: bool) -> tuple[list[dict[str, Any
     as_written = seed == 0 and not shuffle
     if as_written and Path(doc["spec"]["policies"][0]["model"]["path"]).expanduser() == model:
         (tmp_path / "examples").symlink_to(EXAMPLE.parent)
-        command = next(c.text for c in documented.commands() if c.source == SOURCE)
+        command = next(
+            c.text
+            for c in documented.commands()
+            if c.source == SOURCE and c.text.startswith("polyrl run")
+        )
         argv, run_dir = ["bash", "-c", command], tmp_path / "runs" / "smollm2"
         assert command.endswith("--run-dir runs/smollm2"), command
     else:
