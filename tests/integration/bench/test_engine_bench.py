@@ -39,7 +39,7 @@ def test_the_quick_engine_benchmark_compares_the_torch_and_vllm_engines() -> Non
     assert figures["vllm_vs_torch_tokens_per_s"] == pytest.approx(ratio, abs=0.01)
 
 
-@pytest.mark.slow
+@pytest.mark.vllm_slow  # a minute of the torch side of a torch-vs-vLLM bench: `make test-vllm`
 def test_the_engine_benchmark_on_a_model_directory_measures_each_dtype_and_batch_size(
     tiny_bpe: Callable[[str], Path], tmp_path: Path
 ) -> None:
