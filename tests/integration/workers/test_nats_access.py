@@ -181,7 +181,10 @@ async def test_a_trainer_user_writes_only_its_own_policys_weights(cluster: Clust
         "write job B's weights bucket": lambda: trainer.nc.publish(
             f"$O.{B.weights_bucket('solver')}.C.forged", b"x"
         ),
-        "publish requests": lambda: trainer.nc.publish(A.requests_subject("solver"), b"{}"),
+        # Its own pool's requests it may publish (`trainer.evalOn: rollout`), no other's.
+        "publish the other policy's requests": lambda: trainer.nc.publish(
+            A.requests_subject("verifier"), b"{}"
+        ),
         "publish trajectories": lambda: trainer.nc.publish(A.trajectories_subject("solver"), b"{}"),
     }
     table = {what: await refused(trainer, attempt) for what, attempt in attempts.items()}
