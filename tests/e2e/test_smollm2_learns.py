@@ -101,10 +101,10 @@ def summary(name: str, records: list[dict[str, Any]], seconds: float) -> tuple[f
 
     line = (
         f"{name}: greedy {start:.3f} -> {end:.3f} ({end - start:+.3f}) at step {last}, "
-        f"{len(steps)} steps in {seconds:.0f} s; median step {median('step_seconds'):.1f} s = "
-        f"waiting for samples {median('wait_seconds'):.1f} + training "
-        f"{median('train_seconds'):.1f} + rest; publishing {median('publish_seconds'):.1f} s "
-        f"(overlapped); evaluations "
+        f"{len(steps)} steps in {seconds:.0f} s; per step (medians): waiting for samples "
+        f"{median('wait_seconds'):.1f} s, then {median('step_seconds'):.1f} s of which training "
+        f"{median('train_seconds'):.1f} s; publishing {median('publish_seconds'):.1f} s "
+        f"(beside the next step); evaluations "
         + ", ".join(f"{r['eval_seconds']:.0f}" for r in records if "eval_seconds" in r)
         + " s"
     )
