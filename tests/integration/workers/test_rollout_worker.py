@@ -316,7 +316,11 @@ async def test_a_trainer_evaluates_through_the_pool_at_its_version_and_hears_of_
 ) -> None:
     from polyrl.workers.models import prompts
     from polyrl.workers.tasks import base
-    from polyrl.workers.trainer.pool_scoring import PoolScorer, PoolUnanswered
+    from polyrl.workers.trainer.pool_scoring import (
+        EvaluationStopped,
+        PoolScorer,
+        PoolUnanswered,
+    )
 
     nc, names, trainer, _, worker, _ = setup
     config = worker.rt.config.model_copy(update={"role": Role.TRAINER})
@@ -348,5 +352,10 @@ async def test_a_trainer_evaluates_through_the_pool_at_its_version_and_hears_of_
         scorer.version, scorer.request_timeout, scorer.retries = 5, 1.0, 2
         with pytest.raises(PoolUnanswered, match="1 of 1 evaluation requests unanswered"):
             await asyncio.to_thread(scorer.greedy, ["1+1="])
+        # A trainer told to stop does not wait out its timeout for a pool that is gone.
+        scorer.request_timeout = 600.0
+        asyncio.get_running_loop().call_later(0.5, rt.stopping.set)
+        with pytest.raises(EvaluationStopped, match="evaluation stopped with the trainer"):
+            await asyncio.wait_for(asyncio.to_thread(scorer.greedy, ["2+2="]), timeout=30)
     finally:
         await rt.close()

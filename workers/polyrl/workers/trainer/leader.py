@@ -44,7 +44,7 @@ from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import MetricsLog, Runtime
 from polyrl.workers.trainer import grpo, warmstart
 from polyrl.workers.trainer.learner import Learner
-from polyrl.workers.trainer.pool_scoring import PoolScorer
+from polyrl.workers.trainer.pool_scoring import EvaluationStopped, PoolScorer
 from polyrl.workers.trainer.scoring import ModelScorer
 from polyrl.workers.weightsync import announce, bundle, retention
 from polyrl.workers.weightsync.publish import WeightPublisher
@@ -223,7 +223,11 @@ class Leader:
         if self.publishing is not None:
             await self.publishing
         self.pool.version = self.trainer.state.version
-        return await asyncio.to_thread(self.evaluate)
+        try:
+            return await asyncio.to_thread(self.evaluate)
+        except EvaluationStopped as stopped:
+            log.info("%s", stopped)
+            return {}
 
     def due(self) -> bool:
         """Is this step one the policy is evaluated at (every `evalEvery`, and step 0)?"""

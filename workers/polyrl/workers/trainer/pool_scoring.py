@@ -41,6 +41,10 @@ class PoolUnanswered(RuntimeError):
     """The rollout pool left evaluation requests unanswered after every retry."""
 
 
+class EvaluationStopped(RuntimeError):
+    """The trainer is stopping: an evaluation in progress gives up (its figures are lost)."""
+
+
 @dataclass
 class PoolScorer:
     """Greedy and sampled answers from the policy's rollout pool (`workflows.interface.Scorer`
@@ -104,8 +108,9 @@ class PoolScorer:
     async def ask(
         self, prompts: Sequence[list[int]], *, n: int, temperature: float, max_new_tokens: int
     ) -> list[list[str]]:
-        """Each prompt's `n` completion texts, in order; unanswered requests are sent again
-        under fresh ids (the work queue de-duplicates by id) up to `retries` times."""
+        """Each prompt's `n` completion texts, in order. Requests left unanswered once the pool
+        has gone quiet for `request_timeout` s are sent again under fresh ids (the work queue
+        de-duplicates by id), up to `retries` times."""
         await self._listen()
         answers: dict[int, list[str]] = {}
         for attempt in range(self.retries):
@@ -121,8 +126,8 @@ class PoolScorer:
         if len(answers) < len(prompts):
             raise PoolUnanswered(
                 f"policy {self.policy!r}: {len(prompts) - len(answers)} of {len(prompts)} "
-                f"evaluation requests unanswered after {self.retries} tries of "
-                f"{self.request_timeout:.0f} s (is the rollout pool serving?)"
+                f"evaluation requests unanswered after {self.retries} tries, each ended by "
+                f"{self.request_timeout:.0f} s without an answer (is the rollout pool serving?)"
             )
         return [answers[i] for i in range(len(prompts))]
 
@@ -151,7 +156,7 @@ class PoolScorer:
                 request.model_dump_json().encode(),
                 headers={"Nats-Msg-Id": rid},
             )
-        await asyncio.wait(futures.values(), timeout=self.request_timeout)
+        await self._wait(set(futures.values()))
         got: dict[int, list[str]] = {}
         for i, future in futures.items():
             if future.done():
@@ -161,6 +166,29 @@ class PoolScorer:
         for rid in [r for r, f in self._waiting.items() if f.done()]:
             del self._waiting[rid]
         return got
+
+    async def _wait(self, pending: set[asyncio.Future[GenerationResponse]]) -> None:
+        """Until every answer is in, or none has come for `request_timeout` s (a slow pool
+        that keeps answering is waited for: asking again would only queue duplicates), or
+        the trainer is stopping (EvaluationStopped: a stopped pool never answers)."""
+        stopping: asyncio.Future[Any] = asyncio.ensure_future(self.rt.stopping.wait())
+        waiting: set[asyncio.Future[Any]] = set(pending)
+        try:
+            while waiting and not stopping.done():
+                done, waiting = await asyncio.wait(
+                    waiting | {stopping},
+                    timeout=self.request_timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                waiting.discard(stopping)
+                if not done:
+                    return  # no answer for request_timeout s
+        finally:
+            stopping.cancel()
+        if self.rt.stopping.is_set():
+            for future in waiting:
+                future.cancel()
+            raise EvaluationStopped(f"policy {self.policy!r}: evaluation stopped with the trainer")
 
     def _texts(self, response: GenerationResponse) -> list[str]:
         if response.error is not None:
