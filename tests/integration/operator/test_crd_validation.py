@@ -131,6 +131,7 @@ def test_a_valid_job_is_accepted_and_defaulted(
         "duplicate-policy",
         "missing-model",
         "zero-batch-size",
+        "eval-samples-on-the-trainer",
         "negative-staleness",
         "not-dns",
         "child-name-too-long",
