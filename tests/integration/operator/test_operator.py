@@ -393,7 +393,7 @@ def test_a_failing_trainer_restarts_up_to_its_limit_then_the_job_fails(
     wait_running(kubectl, ns, trainers, 1, timeout=30)
     fail_pod(kubectl, ns, "tr-solver-trainer-0")
     wait_condition(
-        kubectl, ns, "pg", "tr-solver", "TrainerHealthy", "RestartLimitExceeded", timeout=60
+        kubectl, ns, "pg", "tr-solver", "TrainerHealthy", "RestartLimitExceeded", timeout=180
     )
     job = wait_until(
         "job Failed",
