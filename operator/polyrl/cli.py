@@ -195,17 +195,24 @@ def _export(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         if args.source.startswith(export.NATS_SCHEMES):
+            if args.adapter:
+                raise export.ExportError(
+                    "--adapter needs a checkpoint: a job's NATS holds the merged weights"
+                )
             out, version = export.export_from_nats(
                 args.source, args.policy, args.output, dtype=args.dtype
             )
             print(f"exported {args.policy} version {version} from {args.source} -> {out}")
             return 0
         checkpoint = export.find_checkpoint(Path(args.source), args.policy)
-        out = export.export_checkpoint(checkpoint, args.output, dtype=args.dtype)
+        out = export.export_checkpoint(
+            checkpoint, args.output, dtype=args.dtype, adapter=args.adapter
+        )
     except export.ExportError as err:
         print(f"polyrl export: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"exported {checkpoint} -> {out} ({args.dtype})")
+    what = "adapter" if args.adapter else args.dtype
+    print(f"exported {checkpoint} -> {out} ({what})")
     return 0
 
 
@@ -232,6 +239,12 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default="bfloat16",
         choices=("bfloat16", "float16", "float32"),
         help="dtype of the exported weights (default bfloat16, what rollouts serve)",
+    )
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA policy: write its adapter alone in PEFT's format (adapter_model."
+        "safetensors, adapter_config.json) with the tokenizer, instead of the merged model",
     )
     p.set_defaults(func=_export)
 

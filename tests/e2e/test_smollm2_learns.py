@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,36 +37,38 @@ from polyrl.workers.models import catalog
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.learning_smollm2]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-arithmetic.yaml"
-SOURCE = "examples/smollm2-arithmetic.yaml"
+TWO_POLICIES = EXAMPLE.with_name("smollm2-solver-verifier.yaml")
 GAIN = 0.15
 CONTROL_GAIN = 0.03
 RUN_SECONDS = 30 * 60  # one run's ceiling: three times a quiet machine's, for loaded ones
 
 
-def run(tmp_path: Path, *, seed: int, shuffle: bool) -> tuple[list[dict[str, Any]], float]:
-    """The solver's metric records of one run of the example, and its wall time. Seed 0 with
-    rewards is the example's own header command, run as written (where the model is where
-    the example says); the others run a copy of the job with the seed or the shuffle."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
+def run(
+    tmp_path: Path, example: Path, *, edit: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[list[dict[str, Any]], float]:
+    """The metric records of one run of `example`, and its wall time. Without `edit` it is
+    the example's own header command, run as written (where the model is where the example
+    says); with `edit` a copy of the job, changed by it, runs on the fetched file."""
+    doc = yaml.safe_load(example.read_text())
     model = catalog.target(catalog.lookup("smollm2-135m-instruct"))
     if not model.exists():
         pytest.fail(f"{model} is missing: fetch it with `make smollm2`")
     tmp_path.mkdir(parents=True)
-    as_written = seed == 0 and not shuffle
-    if as_written and Path(doc["spec"]["policies"][0]["model"]["path"]).expanduser() == model:
-        (tmp_path / "examples").symlink_to(EXAMPLE.parent)
+    paths = {Path(p["model"]["path"]).expanduser() for p in doc["spec"]["policies"]}
+    if edit is None and paths == {model}:
+        (tmp_path / "examples").symlink_to(example.parent)
+        source = f"examples/{example.name}"
         command = next(
             c.text
             for c in documented.commands()
-            if c.source == SOURCE and c.text.startswith("polyrl run")
+            if c.source == source and c.text.startswith("polyrl run")
         )
-        argv, run_dir = ["bash", "-c", command], tmp_path / "runs" / "smollm2"
-        assert command.endswith("--run-dir runs/smollm2"), command
+        argv, run_dir = ["bash", "-c", command], tmp_path / command.split("--run-dir ")[1]
     else:
-        doc["spec"]["workflow"]["task"]["seed"] = seed
-        doc["spec"]["algorithm"]["shuffleRewards"] = shuffle
-        # The file where `make smollm2` put it ($POLYRL_CACHE may move it).
-        doc["spec"]["policies"][0]["model"]["path"] = str(model)
+        if edit is not None:
+            edit(doc)
+        for policy in doc["spec"]["policies"]:  # the file where `make smollm2` put it
+            policy["model"]["path"] = str(model)  # ($POLYRL_CACHE may move it)
         job = tmp_path / "job.yaml"
         job.write_text(yaml.safe_dump(doc))
         run_dir = tmp_path / "run"
@@ -86,7 +89,19 @@ def run(tmp_path: Path, *, seed: int, shuffle: bool) -> tuple[list[dict[str, Any
     seconds = time.monotonic() - started
     assert proc.returncode == 0, stderr[-3000:]
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("policy") == "solver"], seconds
+    return [json.loads(line) for line in lines], seconds
+
+
+def solver_run(tmp_path: Path, *, seed: int, shuffle: bool) -> tuple[list[dict[str, Any]], float]:
+    """The solver's records of the arithmetic example, as written for seed 0 with rewards."""
+
+    def changed(doc: dict[str, Any]) -> None:
+        doc["spec"]["workflow"]["task"]["seed"] = seed
+        doc["spec"]["algorithm"]["shuffleRewards"] = shuffle
+
+    as_written = seed == 0 and not shuffle
+    records, seconds = run(tmp_path, EXAMPLE, edit=None if as_written else changed)
+    return [r for r in records if r.get("policy") == "solver"], seconds
 
 
 def summary(name: str, records: list[dict[str, Any]], seconds: float) -> tuple[float, str]:
@@ -116,9 +131,9 @@ def test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_on
     tmp_path: Path,
 ) -> None:
     results = {
-        "seed 0": run(tmp_path / "seed0", seed=0, shuffle=False),
-        "seed 1": run(tmp_path / "seed1", seed=1, shuffle=False),
-        "shuffled rewards": run(tmp_path / "shuffled", seed=0, shuffle=True),
+        "seed 0": solver_run(tmp_path / "seed0", seed=0, shuffle=False),
+        "seed 1": solver_run(tmp_path / "seed1", seed=1, shuffle=False),
+        "shuffled rewards": solver_run(tmp_path / "shuffled", seed=0, shuffle=True),
     }
     gains, lines = {}, []
     for name, (records, seconds) in results.items():
@@ -129,3 +144,41 @@ def test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_on
     assert gains["seed 0"] >= GAIN, said
     assert gains["seed 1"] >= GAIN, said
     assert gains["shuffled rewards"] <= CONTROL_GAIN, said
+
+
+def figures(records: list[dict[str, Any]], policy: str, keys: tuple[str, ...]) -> str:
+    """A policy's held-out figures at each evaluated step, as one line."""
+    evals = [r for r in records if r.get("policy") == policy and keys[0] in r]
+    return f"{policy}: " + "; ".join(
+        f"step {r['step']}: " + ", ".join(f"{k} {r[k]:.3f}" for k in keys if k in r) for r in evals
+    )
+
+
+@pytest.mark.timeout(2 * RUN_SECONDS + 600)
+def test_a_smollm2_solver_and_a_smollm2_verifier_train_20_steps_each_with_figures_at_both_ends(
+    tmp_path: Path,
+) -> None:
+    """The solver-verifier example as written: two real policies, 20 steps each, both with
+    held-out figures at step 0 and 20. No learning claim for the verifier; the solver's
+    figure must not fall (it rose 35-53 points in 10 steps alone)."""
+    records, seconds = run(tmp_path / "sv", TWO_POLICIES)
+    solver = figures(records, "solver", ("accuracy",))
+    verifier = figures(
+        records, "verifier", ("balanced_accuracy", "answers_balanced_accuracy", "held_out")
+    )
+    judged = [r for r in records if r.get("policy") == "verifier" and "judged" in r]
+    said = f"{seconds:.0f} s\n{solver}\n{verifier}\n" + (
+        f"verifier on the solver's answers during training (last window): {judged[-1]}"
+        if judged
+        else "no judged window"
+    )
+    print(said)
+    for policy in ("solver", "verifier"):
+        trained = [r["step"] for r in records if r.get("policy") == policy and "loss" in r]
+        assert max(trained, default=0) >= 20, f"{policy} trained {trained}\n{said}"
+        held_out = {r["step"]: r["held_out"] for r in records
+                    if r.get("policy") == policy and "held_out" in r}  # fmt: skip
+        assert {0, 20} <= held_out.keys(), f"{policy}: {held_out}\n{said}"
+        assert all(0.0 <= v <= 1.0 for v in held_out.values()), said
+        if policy == "solver":
+            assert held_out[20] >= held_out[0], said

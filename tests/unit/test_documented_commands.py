@@ -22,6 +22,9 @@ MATH_DATASET = "test_the_math_dataset_example_runs_from_files_to_synced_weights"
 TWO_TOKENIZERS = "test_two_policies_with_different_tokenizers_and_chat_templates_train_together"
 VLLM_CPU = "test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment"
 SMOLLM2 = "test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_ones"
+SMOLLM2_SV = (
+    "test_a_smollm2_solver_and_a_smollm2_verifier_train_20_steps_each_with_figures_at_both_ends"
+)
 
 BY_SECTION = {
     ("README.md", "On a cluster"): CLUSTER_PATH,
@@ -49,6 +52,7 @@ BY_COMMAND = {
     "make smollm2": CI,  # `make test` depends on it
     # Run as written by `make test-learning-smollm2` (its seed-0 run).
     "polyrl run examples/smollm2-arithmetic.yaml --run-dir runs/smollm2": SMOLLM2,
+    "polyrl run examples/smollm2-solver-verifier.yaml --run-dir runs/smollm2-sv": SMOLLM2_SV,
 }
 
 

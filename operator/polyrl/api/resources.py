@@ -73,6 +73,42 @@ class Optimizer(ApiModel):
     )
 
 
+class LoraSpec(ApiModel):
+    """Low-rank adapters (LoRA): the trainer trains `rank`-wide adapters on the target layers
+    and leaves the base weights frozen, so optimizer state and gradients are the adapters'
+    alone. Rollout pools are sent the merged weights (base + adapter), as for full training."""
+
+    rank: int = Field(16, ge=1, le=1024, description="The adapters' rank r.")
+    alpha: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="The scale numerator: an adapter's update is (alpha / rank) * B A. "
+        "Default 2 x rank, the common choice (a scale of 2 at any rank).",
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input while training. Default 0: in RL the "
+        "trainer's log-probs are compared with the rollout engine's (importance ratios), and "
+        "dropout would make them differ for no reason.",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
+        max_length=64,
+        description="The layers that get adapters: module names or name suffixes (q_proj, "
+        "v_proj, ...), or all-linear: every linear layer of the attention and MLP blocks "
+        "but not the output head (and never the embeddings), the layers vLLM serves LoRA on. "
+        "Names that match no layer of the model are refused when the trainer starts.",
+    )
+
+    @property
+    def scale_alpha(self) -> int:
+        return self.alpha if self.alpha is not None else 2 * self.rank
+
+
 class Source(enum.StrEnum):
     """Where a policy's warm-up examples, or its evaluation, come from."""
 
@@ -206,6 +242,16 @@ class TrainerSpec(ApiModel):
         ge=0,
         le=64,
         description="With evalOn: rollout, also sample this many completions per held-out problem at algorithm.temperature and report pass_at_1 (their mean reward) and pass_at_k (any of them right); 0: greedy accuracy only.",
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="Train low-rank adapters instead of every weight (LoRA; absent: full "
+        "training). The learning rate usually wants to be about 10x full training's "
+        "(optimizer.lr), since adapters start at zero and move the model through few "
+        "weights; the warm-up trains the same adapters; the KL anchor (klCoef) is the base "
+        "model with the adapters off, not a second copy; checkpoints hold the adapters and "
+        "their optimizer state; polyrl export writes the merged model (--adapter: the adapter "
+        "alone, in PEFT's format).",
     )
     restart_limit: int = Field(
         3, ge=0, le=100, description="Trainer restarts allowed before the policy is marked Failed."

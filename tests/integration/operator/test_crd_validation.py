@@ -89,6 +89,10 @@ def test_a_valid_job_is_accepted_and_defaulted(
             job(spec__policies__0__trainer={"evalSamples": 8}),
             "evalSamples needs evalOn: rollout",
         ),
+        (
+            job(spec__policies__0__trainer={"lora": {"rank": 0}}),
+            "spec.policies[0].trainer.lora.rank",
+        ),
         (job(spec__algorithm={"maxStaleness": -1}), "spec.algorithm.maxStaleness"),
         (job(metadata={"name": "Bad_Name"}), "a lowercase RFC 1123"),
         (job(metadata={"name": "x" * 46}), "job and policy names are too long"),
@@ -132,6 +136,7 @@ def test_a_valid_job_is_accepted_and_defaulted(
         "missing-model",
         "zero-batch-size",
         "eval-samples-on-the-trainer",
+        "lora-rank-zero",
         "negative-staleness",
         "not-dns",
         "child-name-too-long",

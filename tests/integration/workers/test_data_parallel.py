@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from polyrl.api import natsconfig
 from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import RLJobSpec
+from polyrl.api.resources import LoraSpec, RLJobSpec
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async
@@ -39,8 +39,8 @@ from polyrl.workers.trainer import batching, checkpoint, learner, ranks
 pytestmark = pytest.mark.slow
 
 
-def job_spec(steps: int = 3, *, uniform_groups: str = "keep") -> RLJobSpec:
-    return RLJobSpec.model_validate(
+def job_spec(steps: int = 3, *, uniform_groups: str = "keep", lora: bool = False) -> RLJobSpec:
+    spec = RLJobSpec.model_validate(
         {
             "policies": [
                 {
@@ -64,6 +64,10 @@ def job_spec(steps: int = 3, *, uniform_groups: str = "keep") -> RLJobSpec:
             "stop": {"steps": steps},
         }
     )
+    if lora:  # adapters on every linear layer, at a LoRA-sized learning rate
+        spec.policies[0].trainer.lora = LoraSpec(rank=4)
+        spec.policies[0].trainer.optimizer.lr = 1e-3
+    return spec
 
 
 def fixed_samples() -> list[batching.Sample]:
@@ -92,49 +96,60 @@ def few_to_train() -> list[batching.Sample]:
 
 
 def one_step(
-    rank: int, world: int, workdir: Path, init_file: Path, out: Path, skip: bool = False
+    rank: int,
+    world: int,
+    workdir: Path,
+    init_file: Path,
+    out: Path,
+    skip: bool = False,
+    lora: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     if world > 1:
         dist.init_process_group(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
         )
-    spec = job_spec(uniform_groups="skip" if skip else "keep")
+    spec = job_spec(uniform_groups="skip" if skip else "keep", lora=lora)
     t = learner.Learner(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
     t.sync_from_leader()
     t.step(few_to_train() if skip else fixed_samples())
     if rank == 0:
-        torch.save({k: v.clone() for k, v in t.model.state_dict().items()}, out)
+        torch.save({k: v.clone() for k, v in t.weights().items()}, out)
     if world > 1:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
-    ("world", "skip"),
-    [(2, False), (3, True)],
-    ids=["two-ranks", "three-ranks-one-without-a-share-of-the-skipped-batch"],
+    ("world", "skip", "lora"),
+    [(2, False, False), (3, True, False), (2, False, True)],
+    ids=[
+        "two-ranks",
+        "three-ranks-one-without-a-share-of-the-skipped-batch",
+        "two-ranks-training-lora-adapters",
+    ],
 )
 def test_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, world: int, skip: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, world: int, skip: bool, lora: bool
 ) -> None:
     # Spawned ranks unpickle `one_step` by importing this module: they need the repository
     # root on their path (the `pytest` script, unlike `python -m pytest`, does not add it).
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
-    one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt", skip)
+    one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt", skip, lora)
     mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
         one_step,
-        args=(world, tmp_path / "models", tmp_path / "init", tmp_path / "dp.pt", skip),
+        args=(world, tmp_path / "models", tmp_path / "init", tmp_path / "dp.pt", skip, lora),
         nprocs=world,
         join=True,
     )
     single = torch.load(tmp_path / "single.pt")
     parallel = torch.load(tmp_path / "dp.pt")
-    spec = job_spec()
+    spec = job_spec(lora=lora)
     initial = learner.Learner(spec.policies[0], spec.algorithm, workdir=tmp_path / "models")
+    before = initial.weights()
     moved = 0
     for name, tensor in single.items():
         torch.testing.assert_close(parallel[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
-        moved += int(not torch.equal(tensor, initial.model.state_dict()[name]))
+        moved += int(not torch.equal(tensor, before[name]))
     assert moved > 0  # the step did change the weights
 
 

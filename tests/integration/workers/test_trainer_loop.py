@@ -7,17 +7,20 @@ checkpoints, epochs), not learning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
+import torch
 
 from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import RLJobSpec
+from polyrl.api.resources import LoraSpec, RLJobSpec
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async
 from polyrl.workers import preflight
@@ -75,23 +78,24 @@ async def run_trainer(
     return t
 
 
-async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_a_new_epoch(
-    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    metrics = tmp_path / "metrics.jsonl"
-    monkeypatch.setenv("POLYRL_METRICS_FILE", str(metrics))
-    names = JobNames(namespace="t", job=f"loop{uuid.uuid4().hex[:6]}")
-    job = spec(steps=3)
-    nc = await nats.connect(nats_server.url)
-    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
-    training = asyncio.create_task(run_trainer(nats_server.url, names, job, tmp_path / "tr"))
+@dataclasses.dataclass
+class Served:
+    """A job's trainer run to its end, with a rollout worker and a workflow runner beside it."""
+
+    trainer: learner.Learner
+    rollout: Any
+    runtimes: tuple[Runtime, Runtime]
+
+
+async def train_and_serve(nats_url: str, names: JobNames, job: RLJobSpec, workdir: Path) -> Served:
+    training = asyncio.create_task(run_trainer(nats_url, names, job, workdir))
     rollout_rt = await Runtime.connect(
         WorkerConfig(
-            namespace="t",
+            namespace=names.namespace,
             job=names.job,
             role=Role.ROLLOUT,
             policy="solver",
-            nats_url=nats_server.url,
+            nats_url=nats_url,
             spec=job,
         ),
         "rollout-0",
@@ -100,13 +104,17 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
     serving = asyncio.create_task(rollout.run())
     runner_rt = await Runtime.connect(
         WorkerConfig(
-            namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+            namespace=names.namespace,
+            job=names.job,
+            role=Role.WORKFLOW,
+            nats_url=nats_url,
+            spec=job,
         ),
         "workflow-0",
     )
     episodes = asyncio.create_task(runner_main.build_workflow(runner_rt).run())
     try:
-        first = await asyncio.wait_for(training, timeout=300)
+        trained = await asyncio.wait_for(training, timeout=300)
         # The rollout worker applies new weights between batches, on its own schedule: the
         # trainer can publish version 1 and finish before that. Let it catch up while it runs.
         await wait_until_async(
@@ -116,6 +124,21 @@ async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_
         for rt in (rollout_rt, runner_rt):
             rt.stopping.set()
         await asyncio.gather(serving, episodes, return_exceptions=True)
+    return Served(trained, rollout, (rollout_rt, runner_rt))
+
+
+async def test_trainer_steps_publish_versions_that_rollouts_serve_and_resume_in_a_new_epoch(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("POLYRL_METRICS_FILE", str(metrics))
+    names = JobNames(namespace="t", job=f"loop{uuid.uuid4().hex[:6]}")
+    job = spec(steps=3)
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    served = await train_and_serve(nats_server.url, names, job, tmp_path / "tr")
+    first, rollout = served.trainer, served.rollout
+    rollout_rt, runner_rt = served.runtimes
     assert first.state.step == 3
     assert first.state.version == 3  # v0 at start, one per step
     latest = await announce.latest(nc.jetstream(), names, "solver")
@@ -179,3 +202,24 @@ async def test_sync_mode_trains_each_step_only_on_samples_of_the_current_weights
     assert gate is not None
     assert gate.rounds >= 3
     assert gate.waited > 0  # the runner did wait for each step's weights
+
+
+async def test_a_lora_trainer_publishes_merged_weights_that_rollouts_serve_bit_exact(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    names = JobNames(namespace="t", job=f"lora{uuid.uuid4().hex[:6]}")
+    job = spec(steps=3)
+    job.policies[0].trainer.lora = LoraSpec(rank=4)
+    job.policies[0].trainer.optimizer.lr = 1e-3
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    served = await train_and_serve(nats_server.url, names, job, tmp_path / "tr")
+    engine = served.rollout.engine
+    await wait_until_async("the rollout worker on version 3", lambda: engine.version == 3)
+    merged, serving = served.trainer.bf16(), engine.weights()
+    assert merged.keys() == serving.keys()  # the base's own names: no adapter in sight
+    assert all(torch.equal(serving[k], v) for k, v in merged.items())
+    assert (tmp_path / "tr" / "checkpoint" / checkpoint.ADAPTER_WEIGHTS).is_file()
+    for rt in served.runtimes:
+        await rt.close()
+    await nc.close()

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -57,8 +58,12 @@ def find_checkpoint(source: Path, policy: str | None) -> Path:
     return found[policy]
 
 
-def export_checkpoint(directory: Path, out_dir: Path, *, dtype: str = "bfloat16") -> Path:
-    """Write the checkpoint in `directory` as an HF directory at `out_dir` (must not exist)."""
+def export_checkpoint(
+    directory: Path, out_dir: Path, *, dtype: str = "bfloat16", adapter: bool = False
+) -> Path:
+    """Write the checkpoint in `directory` as an HF directory at `out_dir` (must not exist):
+    the model (a LoRA policy's merged with its base), or with `adapter` a LoRA policy's
+    adapter alone, in PEFT's format, with the tokenizer."""
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if not (directory / "config.json").is_file():
@@ -67,18 +72,54 @@ def export_checkpoint(directory: Path, out_dir: Path, *, dtype: str = "bfloat16"
         )
     if out_dir.exists():
         raise ExportError(f"{out_dir} already exists; choose a new output directory")
-    model = AutoModelForCausalLM.from_pretrained(
-        directory, dtype=getattr(torch, dtype), local_files_only=True
-    )
+    has_adapter = (directory / checkpoint.ADAPTER_WEIGHTS).is_file()
+    if adapter and not has_adapter:
+        raise ExportError(f"{directory}: --adapter needs a LoRA policy's checkpoint (no adapter)")
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        models.export(model, tokenizer, staging)
+        if adapter:
+            for name in (checkpoint.ADAPTER_WEIGHTS, checkpoint.ADAPTER_CONFIG):
+                shutil.copy2(directory / name, staging / name)
+            tokenizer.save_pretrained(staging)
+        else:
+            model = merged(directory, dtype) if has_adapter else _load(directory, dtype)
+            models.export(model, tokenizer, staging)
         os.replace(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def _load(directory: Path, dtype: str) -> Any:
+    return AutoModelForCausalLM.from_pretrained(
+        directory, dtype=getattr(torch, dtype), local_files_only=True
+    )
+
+
+def merged(directory: Path, dtype: str) -> Any:
+    """A LoRA checkpoint's model: its base, loaded from the source it was trained from (by
+    the loading code trainers use), with the adapter merged in float32, then cast."""
+    from peft import PeftModel
+
+    from polyrl.api.model_source import ModelSource
+
+    if not (directory / checkpoint.BASE).is_file():
+        raise ExportError(f"{directory}: a LoRA checkpoint without {checkpoint.BASE}")
+    source = ModelSource.model_validate_json((directory / checkpoint.BASE).read_text())
+    # Where the trainer built or converted its base, beside the checkpoint; else anew.
+    cache = directory.parent / "models"
+    with tempfile.TemporaryDirectory(prefix="polyrl-export-base-") as scratch:
+        try:
+            base, _ = models.make_model(
+                source.model_copy(update={"dtype": "float32"}),
+                cache_dir=cache if cache.is_dir() else Path(scratch),
+            )
+        except (OSError, ValueError) as err:
+            raise ExportError(f"the base model {source.path!r} cannot be loaded: {err}") from None
+        model = PeftModel.from_pretrained(base, directory).merge_and_unload()
+    return model.to(getattr(torch, dtype))
 
 
 def parse_nats_source(source: str) -> tuple[str, str, str]:

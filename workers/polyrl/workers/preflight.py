@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from polyrl.api.resources import PolicySpec, RLJobSpec
 from polyrl.workers import tasks
@@ -60,7 +61,18 @@ def policy_model(policy: PolicySpec, *, cache_dir: Path | None = None) -> None:
         config = model.source_config(policy.model, cache_dir=cache_dir or Path())
     except ValueError as err:
         raise ConfigError(f"policy {policy.name!r}: {err}") from None
-    if config is not None and (short := memory.shortfall(policy, memory.parameters(config))):
+    if config is None:
+        return
+    meta: Any = memory.meta_model(config)
+    n_parameters, trainable = sum(p.numel() for p in meta.parameters()), None
+    if policy.trainer.lora is not None:  # the adapters' layers exist: tried on the shapes
+        from polyrl.workers.models import lora
+
+        try:
+            trainable = sum(p.numel() for p in lora.trainable(lora.wrap(meta, policy.trainer.lora)))
+        except ConfigError as err:
+            raise ConfigError(f"policy {policy.name!r}: {err}") from None
+    if short := memory.shortfall(policy, n_parameters, trainable):
         log.warning("%s", short)
 
 

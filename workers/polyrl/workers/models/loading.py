@@ -257,18 +257,27 @@ def load_directory(
     return model, tokenizer
 
 
-def export(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
-    """Write an HF directory (config.json, tokenizer files, model.safetensors) into `out_dir`."""
+def export(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: Path,
+    *,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Write an HF directory (config.json, tokenizer files, model.safetensors) into `out_dir`:
+    `model`'s own weights, or `weights` under its config (a LoRA policy's merged ones)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed or weights is not None:
         # transformers' save_pretrained silently writes nothing on ranks other than 0, but
         # every rank may need its own copy (one cache per node): write the files directly.
         model.config.architectures = [type(model).__name__]
         model.config.save_pretrained(out_dir)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(out_dir)
-        weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        state = model.state_dict() if weights is None else weights
+        copies = {k: v.detach().contiguous().clone() for k, v in state.items()}
+        save_file(copies, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     else:
         model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -18,7 +18,6 @@ import uuid
 
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
-from pydantic import ValidationError
 
 from polyrl.api import natsconfig
 from polyrl.api.wire import GenerationRequest, GenerationResponse
@@ -113,11 +112,4 @@ class GenerationClient:
             ) from err
 
     async def _on_reply(self, msg: Msg) -> None:
-        try:
-            response = GenerationResponse.model_validate_json(msg.data)
-        except ValidationError as err:
-            await self.rt.dead_letter(msg.subject, msg.data, f"malformed response: {err}")
-            return
-        future = self.waiting.get(response.id)
-        if future is not None and not future.done():
-            future.set_result(response)
+        await self.rt.resolve_reply(msg, self.waiting)

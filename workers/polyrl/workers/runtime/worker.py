@@ -22,15 +22,17 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+from pydantic import ValidationError
 
 from polyrl.api import access, natsclient, natsconfig, natstls
 from polyrl.api.launch import (
@@ -47,7 +49,7 @@ from polyrl.api.launch import (
 )
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
-from polyrl.api.wire import DeadLetter
+from polyrl.api.wire import DeadLetter, GenerationResponse
 from polyrl.workers.errors import ConfigError, Unavailable
 from polyrl.workers.runtime import outage, tensorboard
 from polyrl.workers.runtime import prometheus as worker_metrics
@@ -280,6 +282,21 @@ class Runtime:
         log.warning("dead-lettered a message on %s: %s", subject, error[:200])
         with contextlib.suppress(Exception):
             await self.js.publish(self.names.dead_letter_subject, letter.model_dump_json().encode())
+
+    async def resolve_reply(
+        self, msg: Msg, waiting: Mapping[str, asyncio.Future[GenerationResponse]]
+    ) -> None:
+        """Hand a generation reply to the request waiting for it (by id); a malformed one is
+        dead-lettered. A reply nobody waits for any more (answered twice, or retried under a
+        fresh id) is dropped: its request has its answer."""
+        try:
+            response = GenerationResponse.model_validate_json(msg.data)
+        except ValidationError as err:
+            await self.dead_letter(msg.subject, msg.data, f"malformed response: {err}")
+            return
+        future = waiting.get(response.id)
+        if future is not None and not future.done():
+            future.set_result(response)
 
     def malformed_announcements(self, policy: str) -> Callable[[int, bytes, str], Awaitable[None]]:
         """What `announce.latest` tells of a malformed announcement: dead-letter it, once per

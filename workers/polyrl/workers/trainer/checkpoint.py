@@ -1,5 +1,9 @@
 """Trainer checkpoints: weights (safetensors), optimizer state, step, version and epoch.
 
+A LoRA policy's checkpoint holds its adapter instead of the weights, in PEFT's format
+(`adapter_model.safetensors`, `adapter_config.json`), with the base model's source
+(`base.json`), from which `polyrl export` rebuilds the merged model.
+
 Written atomically (a temporary directory renamed into place), so a trainer killed while
 writing resumes from the previous checkpoint rather than a torn one. Each resume starts a
 new epoch; versions carry on after the last one announced, so no version number is ever
@@ -20,11 +24,18 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from polyrl.api.model_source import ModelSource
+from polyrl.workers.errors import ConfigError
+from polyrl.workers.models import lora
+
 log = logging.getLogger("polyrl.trainer")
 STATE = "trainer.json"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 REFERENCE = "reference.safetensors"  # the KL anchor, when the trainer has one
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # a LoRA policy's adapter, PEFT's file names
+ADAPTER_CONFIG = "adapter_config.json"
+BASE = "base.json"  # a LoRA policy's base model source (`polyrl.api.resources.ModelSource`)
 
 
 @dataclass
@@ -42,6 +53,7 @@ def save(
     *,
     tokenizer: Any = None,
     reference: torch.nn.Module | None = None,
+    base: ModelSource | None = None,
 ) -> None:
     """Write the checkpoint; with the model's config and `tokenizer` it is also an HF directory.
 
@@ -51,12 +63,15 @@ def save(
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".ckpt.", dir=directory.parent))
     try:
-        save_weights(model, staging / WEIGHTS)
+        if lora.is_lora(model):
+            save_adapter(model, staging, base)
+        else:
+            save_weights(model, staging / WEIGHTS)
         torch.save(optimizer.state_dict(), staging / OPTIMIZER)
         if reference is not None:
             save_weights(reference, staging / REFERENCE)
         (staging / STATE).write_text(json.dumps(asdict(state)))
-        config = getattr(model, "config", None)
+        config = getattr(lora.base_model(model), "config", None)
         if config is not None:
             config.save_pretrained(staging)
         if tokenizer is not None:
@@ -68,6 +83,14 @@ def save(
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_adapter(model: Any, directory: Path, base: ModelSource | None) -> None:
+    """A LoRA policy's adapter in PEFT's format, and the source of its base."""
+    save_file(_untie(lora.adapter_state(model)), str(directory / ADAPTER_WEIGHTS))
+    model.peft_config[lora.ADAPTER].save_pretrained(directory)
+    if base is not None:
+        (directory / BASE).write_text(base.model_dump_json(by_alias=True))
 
 
 def save_weights(module: torch.nn.Module, path: Path) -> None:
@@ -100,7 +123,22 @@ def resume(
     if not (directory / STATE).is_file():
         return TrainerState()
     state = TrainerState(**json.loads((directory / STATE).read_text()))
-    model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
+    adapter = (directory / ADAPTER_WEIGHTS).is_file()
+    if adapter != lora.is_lora(model):
+        held, now = ("an adapter", "not") if adapter else ("full weights", "now")
+        raise ConfigError(
+            f"the checkpoint in {directory} holds {held} and trainer.lora is {now} set: "
+            "resume with the setting it was written with, or start in a new directory"
+        )
+    if adapter:
+        try:
+            lora.load_adapter_state(model, load_file(str(directory / ADAPTER_WEIGHTS)))
+        except RuntimeError as err:  # another rank or other target layers
+            raise ConfigError(
+                f"the checkpoint's adapter does not fit trainer.lora: {err}"
+            ) from None
+    else:
+        model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
     optimizer.load_state_dict(torch.load(directory / OPTIMIZER, weights_only=True))
     state.epoch += 1
     log.info(

@@ -38,7 +38,6 @@ from polyrl.api.resources import EvalOn, WeightSync
 from polyrl.api.wire import Trajectory
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.errors import StorageFull
-from polyrl.workers.models import loading as models
 from polyrl.workers.models import prompts
 from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import MetricsLog, Runtime
@@ -130,7 +129,7 @@ class Leader:
         # them, and neither changes in the warm-up.
         export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
         try:
-            models.export(self.trainer.model, self.trainer.tokenizer, export)
+            self.trainer.export(export)
             await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
         finally:
             shutil.rmtree(export, ignore_errors=True)
@@ -259,7 +258,7 @@ class Leader:
 
     async def bound_bucket(self, store: WeightStore, keyframe_every: int) -> None:
         """Limit the weights bucket to what retention keeps for a model of this size."""
-        model_bytes = sum(t.numel() * 2 for t in self.trainer.model.state_dict().values())
+        model_bytes = sum(t.numel() * 2 for t in self.trainer.weights().values())
         self.bucket_limit = natsconfig.weights_bucket_messages(
             model_bytes, store.chunk_size, keyframe_every, retention.KEEP_KEYFRAMES
         )

@@ -7,7 +7,10 @@ to NATS (`leader.Leader`); this module is testable on its own, one rank or sever
 
 With `algorithm.klCoef > 0` every rank keeps a frozen copy of the policy RL started from
 (after the warm start) and adds the k3 KL to it to the loss; the copy is checkpointed with
-the weights, so a resumed trainer is held to the same anchor.
+the weights, so a resumed trainer is held to the same anchor. With `trainer.lora` the model
+is the base with adapters (`models.lora`): only the adapters train and have optimizer state,
+the KL anchor is the base with the adapters off (no copy), and what is published is the
+merged model.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch.distributed as dist
 from polyrl.api.resources import AlgorithmSpec, PolicySpec, UniformGroups
 from polyrl.api.wire import Trajectory
 from polyrl.workers.models import loading as models
+from polyrl.workers.models import lora
 from polyrl.workers.trainer import batching, checkpoint, grpo
 
 
@@ -49,10 +53,12 @@ class Learner:
     ) -> None:
         self.policy, self.algo, self.rank, self.world = policy, algo, rank, world
         source = policy.model.model_copy(update={"dtype": "float32"})
-        self.model, self.tokenizer = models.make_model(source, cache_dir=workdir / "models")
+        model, self.tokenizer = models.make_model(source, cache_dir=workdir / "models")
+        spec = policy.trainer.lora
+        self.model: Any = model if spec is None else lora.wrap(model, spec)
         opt = policy.trainer.optimizer
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
+            lora.trainable(self.model), lr=opt.lr, weight_decay=opt.weight_decay
         )
         self.checkpoint_dir = workdir / "checkpoint"
         self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
@@ -67,6 +73,7 @@ class Learner:
             self.state,
             tokenizer=self.tokenizer,
             reference=self.reference,
+            base=self.policy.model,
         )
 
     def freeze_reference(self) -> None:
@@ -76,8 +83,8 @@ class Learner:
         (not the resumed weights, which RL has already moved). Rank 0's copy is broadcast, so
         every rank is held to the same one.
         """
-        if self.algo.kl_coef == 0:
-            return
+        if self.algo.kl_coef == 0 or lora.is_lora(self.model):
+            return  # under LoRA the anchor is the base: `_reference_logprobs`
         reference = copy.deepcopy(self.model)
         saved = checkpoint.load_reference(self.checkpoint_dir) if self.rank == 0 else None
         if saved is not None:
@@ -88,8 +95,22 @@ class Learner:
         torch.nn.Module.eval(reference)  # transformers' `eval` is untyped
         self.reference = reference.requires_grad_(False)
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights as rollout engines and exports see them (merged under LoRA)."""
+        if lora.is_lora(self.model):
+            return lora.merged_state(self.model)
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def export(self, out_dir: Path) -> None:
+        """The policy as an HF directory (merged under LoRA): the model bundle's source."""
+        if lora.is_lora(self.model):
+            base = lora.base_model(self.model)
+            models.export(base, self.tokenizer, out_dir, weights=self.weights())
+        else:
+            models.export(self.model, self.tokenizer, out_dir)
+
     def bf16(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+        return {k: v.to(torch.bfloat16) for k, v in self.weights().items()}
 
     def step(self, samples: list[batching.Sample]) -> dict[str, float]:
         """`updatesPerBatch` optimizer steps over this rank's share of `samples`.
@@ -134,7 +155,7 @@ class Learner:
         stats = {} if batch is None else self._backward(batch, step_tokens, fixed)
         self._average_gradients()
         settings = self.policy.trainer.optimizer
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+        torch.nn.utils.clip_grad_norm_(lora.trainable(self.model), settings.grad_clip)
         for group in self.optimizer.param_groups:
             group["lr"] = scheduled_lr(self.state.step, settings.lr, settings.lr_warmup_steps)
         self.optimizer.step()
@@ -173,6 +194,9 @@ class Learner:
         return stats
 
     def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
+        if self.algo.kl_coef > 0 and lora.is_lora(self.model):
+            with torch.no_grad(), lora.adapters_off(self.model):
+                return self._logprobs(self.model, batch, part)
         if self.reference is None:
             return None
         with torch.no_grad():
@@ -191,7 +215,7 @@ class Learner:
     def _average_gradients(self) -> None:
         if self.world == 1:
             return
-        for param in self.model.parameters():
+        for param in lora.trainable(self.model):
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad)

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
-from pydantic import ValidationError
 
 from polyrl.api.wire import GenerationRequest, GenerationResponse
 from polyrl.workers.models.prompts import ids_for
@@ -206,11 +205,4 @@ class PoolScorer:
             self._listening = True
 
     async def _on_reply(self, msg: Msg) -> None:
-        try:
-            response = GenerationResponse.model_validate_json(msg.data)
-        except ValidationError as err:
-            await self.rt.dead_letter(msg.subject, msg.data, f"malformed response: {err}")
-            return
-        future = self._waiting.get(response.id)
-        if future is not None and not future.done():
-            future.set_result(response)
+        await self.rt.resolve_reply(msg, self._waiting)

@@ -71,7 +71,9 @@ def supervised_warmup(
     if target is not None and not dev:
         raise ValueError("a warm-up target needs dev problems to measure it on")
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    # The trainable parameters: a LoRA policy's warm-up trains the adapters RL goes on with.
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     check = _TargetCheck(target, check_every) if target is not None else None
     was_training = model.training
     losses: list[float] = []
@@ -120,7 +122,7 @@ def _train_step(
     output = model(**batch)
     optimizer.zero_grad(set_to_none=True)
     output.loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
     optimizer.step()
     return float(output.loss.detach()), teacher_forced_exact(output.logits, batch["labels"])
 
