@@ -122,7 +122,7 @@ test-learning: install ## the quick start's learning claims: two 10-minute runs 
 	@$(VENV)/bin/pytest -m learning tests/e2e/test_quickstart_learns.py
 
 .PHONY: test-learning-smollm2
-test-learning-smollm2: install smollm2 ## SmolLM2 learns sums: two seeds and a shuffled control, about 30 minutes (not in `make test`)
+test-learning-smollm2: install smollm2 ## SmolLM2 learns sums (two seeds, a shuffled control) and trains beside a SmolLM2 verifier, about 50 minutes (not in `make test`)
 	@$(VENV)/bin/pytest -s -m learning_smollm2 tests/e2e/test_smollm2_learns.py
 
 .PHONY: quickstart

@@ -12,7 +12,9 @@ job's last step (10), not in wall time, which varies with the machine's load:
 
 Each run's wall time, steps and step-time breakdown (waiting for generation, training,
 evaluation, weight publication) are printed, whatever the outcome. About 30 minutes on a
-2-core machine: `make test-learning-smollm2`, never part of `make test`.
+2-core machine. The file's second test runs `examples/smollm2-solver-verifier.yaml`, two
+SmolLM2 policies together (about 17 minutes). Both: `make test-learning-smollm2`, never part
+of `make test`.
 """
 
 from __future__ import annotations
