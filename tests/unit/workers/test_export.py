@@ -62,6 +62,11 @@ def test_export_defaults_to_bfloat16_and_finds_a_policy_in_a_run_directory(
         (["{empty}", "{out}"], "no trainer checkpoint in it"),
         (["{missing}", "{out}"], "no such directory"),
         (["{run}", "{existing}", "--policy", "solver"], "already exists"),
+        (["{run}", "{out}", "--policy", "solver", "--adapter"], "--adapter needs a LoRA policy"),
+        (
+            ["nats://127.0.0.1:9/ns/job", "{out}", "--policy", "solver", "--adapter"],
+            "a job's NATS holds the merged weights",
+        ),
     ],
 )
 def test_export_refuses_what_it_cannot_do_with_exit_2_and_a_reason(
