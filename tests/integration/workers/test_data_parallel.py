@@ -26,8 +26,9 @@ import torch.multiprocessing as mp
 
 from polyrl.api import natsconfig
 from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig
+from polyrl.api.lora import LoraSpec
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import LoraSpec, RLJobSpec
+from polyrl.api.resources import RLJobSpec
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async

@@ -19,8 +19,9 @@ import torch
 
 from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.lora import LoraSpec
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import LoraSpec, RLJobSpec
+from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async
 from polyrl.workers import preflight

@@ -14,7 +14,8 @@ from peft import PeftModel
 from tests.unit.workers.trainer_batches import two_groups
 from transformers import AutoModelForCausalLM
 
-from polyrl.api.resources import LoraSpec, RLJobSpec
+from polyrl.api.lora import LoraSpec
+from polyrl.api.resources import RLJobSpec
 from polyrl.workers import export, preflight
 from polyrl.workers.errors import ConfigError
 from polyrl.workers.models import loading, lora, memory

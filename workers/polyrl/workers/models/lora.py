@@ -22,7 +22,7 @@ from peft.tuners.lora import LoraLayer
 __all__ = ["ADAPTER", "LoraLayer", "wrap"]
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
-from polyrl.api.resources import LoraSpec
+from polyrl.api.lora import LoraSpec
 from polyrl.workers.errors import ConfigError
 
 ADAPTER = "default"  # PEFT's name for a model's one adapter
@@ -105,7 +105,10 @@ def adapter_state(model: Any) -> dict[str, torch.Tensor]:
 
 def load_adapter_state(model: Any, weights: dict[str, torch.Tensor]) -> None:
     """Put saved adapter weights (`adapter_state`) back; refuse a set that fits nothing."""
-    result = set_peft_model_state_dict(model, weights)
+    try:
+        result = set_peft_model_state_dict(model, weights)
+    except RuntimeError as err:  # shapes of another rank
+        raise ConfigError(f"the checkpoint's adapter does not fit trainer.lora: {err}") from None
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     if unexpected:
         raise ConfigError(

@@ -131,12 +131,7 @@ def resume(
             "resume with the setting it was written with, or start in a new directory"
         )
     if adapter:
-        try:
-            lora.load_adapter_state(model, load_file(str(directory / ADAPTER_WEIGHTS)))
-        except RuntimeError as err:  # another rank or other target layers
-            raise ConfigError(
-                f"the checkpoint's adapter does not fit trainer.lora: {err}"
-            ) from None
+        lora.load_adapter_state(model, load_file(str(directory / ADAPTER_WEIGHTS)))
     else:
         model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
     optimizer.load_state_dict(torch.load(directory / OPTIMIZER, weights_only=True))

@@ -28,6 +28,7 @@ from typing import Any, Protocol, cast
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polyrl.workers.models import lora
 from polyrl.workers.models.prompts import ids_for
 from polyrl.workers.tasks import base
 
@@ -72,8 +73,7 @@ def supervised_warmup(
         raise ValueError("a warm-up target needs dev problems to measure it on")
     rng = random.Random(seed)
     # The trainable parameters: a LoRA policy's warm-up trains the adapters RL goes on with.
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(lora.trainable(model), lr=lr, weight_decay=weight_decay)
     check = _TargetCheck(target, check_every) if target is not None else None
     was_training = model.training
     losses: list[float] = []
@@ -122,7 +122,7 @@ def _train_step(
     output = model(**batch)
     optimizer.zero_grad(set_to_none=True)
     output.loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
+    torch.nn.utils.clip_grad_norm_(lora.trainable(model), grad_clip)
     optimizer.step()
     return float(output.loss.detach()), teacher_forced_exact(output.logits, batch["labels"])
 
