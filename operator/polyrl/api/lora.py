@@ -6,15 +6,25 @@ export is in docs/models.md ("LoRA").
 
 from __future__ import annotations
 
+import enum
+
 from pydantic import Field
 
 from polyrl.api.base import ApiModel
 
 
+class LoraSync(enum.StrEnum):
+    """What a LoRA policy's trainer sends its rollout pools."""
+
+    ADAPTER = "adapter"
+    MERGED = "merged"
+
+
 class LoraSpec(ApiModel):
     """Low-rank adapters (LoRA): the trainer trains `rank`-wide adapters on the target layers
     and leaves the base weights frozen, so optimizer state and gradients are the adapters'
-    alone. Rollout pools are sent the merged weights (base + adapter), as for full training."""
+    alone. Rollout pools are sent the frozen base once and then each version's adapter
+    (`sync`), or the merged weights as for full training."""
 
     rank: int = Field(16, ge=1, le=1024, description="The adapters' rank r.")
     alpha: int | None = Field(
@@ -40,6 +50,15 @@ class LoraSpec(ApiModel):
         "v_proj, ...), or all-linear: every linear layer of the attention and MLP blocks "
         "but not the output head (and never the embeddings), the layers vLLM serves LoRA on. "
         "Names that match no layer of the model are refused when the trainer starts.",
+    )
+
+    sync: LoraSync = Field(
+        LoraSync.ADAPTER,
+        description="What rollout pools are sent each version. adapter (default): the adapters "
+        "alone (megabytes, against the model's share that changed for merged weights); the "
+        "pool loads the frozen base once and serves base + adapter. merged: the merged "
+        "model's weights as sparse deltas, as for full training, for engines or pools that "
+        "serve no adapters.",
     )
 
     @property

@@ -19,17 +19,19 @@ import torch
 
 from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
-from polyrl.api.lora import LoraSpec
+from polyrl.api.lora import LoraSpec, LoraSync
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async
 from polyrl.workers import preflight
+from polyrl.workers.models.adapters import Adapter
 from polyrl.workers.rollout import main as rollout_main
 from polyrl.workers.runner import main as runner_main
 from polyrl.workers.runtime.worker import Runtime
 from polyrl.workers.trainer import checkpoint, learner, loop
 from polyrl.workers.weightsync import announce
+from polyrl.workers.weightsync.store import WeightStore
 
 pytestmark = pytest.mark.slow
 
@@ -210,7 +212,7 @@ async def test_a_lora_trainer_publishes_merged_weights_that_rollouts_serve_bit_e
 ) -> None:
     names = JobNames(namespace="t", job=f"lora{uuid.uuid4().hex[:6]}")
     job = spec(steps=3)
-    job.policies[0].trainer.lora = LoraSpec(rank=4)
+    job.policies[0].trainer.lora = LoraSpec(rank=4, sync=LoraSync.MERGED)
     job.policies[0].trainer.optimizer.lr = 1e-3
     nc = await nats.connect(nats_server.url)
     await natsconfig.ensure(nc.jetstream(), names, ["solver"])
@@ -221,6 +223,51 @@ async def test_a_lora_trainer_publishes_merged_weights_that_rollouts_serve_bit_e
     assert merged.keys() == serving.keys()  # the base's own names: no adapter in sight
     assert all(torch.equal(serving[k], v) for k, v in merged.items())
     assert (tmp_path / "tr" / "checkpoint" / checkpoint.ADAPTER_WEIGHTS).is_file()
+    for rt in served.runtimes:
+        await rt.close()
+    await nc.close()
+
+
+async def test_a_lora_trainer_sends_the_base_once_then_adapters_that_rollouts_serve_merged(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sync: adapter`: the bucket holds the frozen base once and a chain of adapter objects
+    (keyframes and deltas, megabytes against the model's size); the rollout engine holds the
+    trainer's base and serves it merged with the latest adapter, bit for bit as the adapter
+    merge computes it; each version's bytes and kind are in metrics.jsonl."""
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("POLYRL_METRICS_FILE", str(metrics))
+    names = JobNames(namespace="t", job=f"lora{uuid.uuid4().hex[:6]}")
+    job = spec(steps=3)
+    lora_spec = job.policies[0].trainer.lora = LoraSpec(rank=4)
+    job.policies[0].trainer.optimizer.lr = 1e-3
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
+    served = await train_and_serve(nats_server.url, names, job, tmp_path / "tr")
+    engine = served.rollout.engine
+    await wait_until_async("the rollout worker on version 3", lambda: engine.version == 3)
+    trainer = served.trainer
+    base, adapter = trainer.base_bf16(), Adapter(trainer.published(), lora_spec.scale_alpha)
+    serving = engine.weights()
+    assert serving.keys() == base.keys()
+    for name, weight in base.items():
+        expected = adapter.merged(name, weight) if name in adapter.pairs else weight
+        assert torch.equal(serving[name], expected.to(serving[name].dtype)), name
+    store = await WeightStore.open(nc.jetstream(), names.weights_bucket("solver"))
+    sizes = await store.sizes()
+    chain_sizes = [size for name, size in sizes.items() if name != announce.BASE_OBJECT]
+    assert chain_sizes
+    assert max(chain_sizes) * 10 < sizes[announce.BASE_OBJECT]
+    latest = await announce.latest(nc.jetstream(), names, "solver")
+    assert latest is not None
+    assert latest.payload == announce.Payload.ADAPTER
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    kinds = {x["published_kind"] for x in lines if "published_kind" in x}
+    assert kinds
+    assert all(set(kind.split("+")) <= {"adapter", "adapter-delta"} for kind in kinds)
+    assert all(
+        x["published_bytes"] <= max(chain_sizes) * 2 for x in lines if "published_bytes" in x
+    )
     for rt in served.runtimes:
         await rt.close()
     await nc.close()

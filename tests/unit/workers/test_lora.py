@@ -19,6 +19,7 @@ from polyrl.api.resources import RLJobSpec
 from polyrl.workers import export, preflight
 from polyrl.workers.errors import ConfigError
 from polyrl.workers.models import loading, lora, memory
+from polyrl.workers.models.adapters import Adapter
 from polyrl.workers.trainer import batching, learner
 
 MODEL = "tiny-llama://lora-test"
@@ -88,6 +89,58 @@ def test_the_published_weights_are_the_merged_model_under_the_base_models_names(
     before = snapshot((k, v) for k, v in base.items() if ".base_layer." in k)
     t.weights()
     assert all(torch.equal(base[k], v) for k, v in before.items())
+
+
+def test_adapter_sync_sends_the_base_once_and_adapters_an_engine_merges_as_peft_does(
+    tmp_path: Path,
+) -> None:
+    """What `sync: adapter` publishes: the frozen base (bf16, the base model's names) and the
+    adapter (bf16, PEFT's file names); merged by `adapters.Adapter` they are PEFT's merge up
+    to the adapter's rounding to bf16; and the files `Adapter.save` writes (what vLLM loads)
+    are ones PEFT itself loads to the same model."""
+    t = make(tmp_path, {"rank": 4, "alpha": 16})
+    for _ in range(2):
+        t.step(two_groups())
+    assert t.sends_adapters
+    base, sent = t.base_bf16(), t.published()
+    assert list(base) == list(plain(tmp_path / "m").state_dict())
+    assert all(v.dtype == torch.bfloat16 for v in (*base.values(), *sent.values()))
+    assert sent.keys() == lora.adapter_state(t.model).keys()
+    adapter = Adapter(sent, 16)
+    assert (adapter.rank, adapter.scale) == (4, 4.0)
+    merged, base32 = t.bf16(), lora.merged_state(t.model, merge=False)
+    exact = Adapter(lora.adapter_state(t.model), 16)  # float32
+    for name, tensor in base.items():
+        ours = (adapter.merged(name, tensor) if name in adapter.pairs else tensor).float()
+        theirs = merged[name].float()
+        # Each side rounds to bf16 (2^-8 relative) at other points: the base, A and B (the
+        # update's terms |B| |A|, scaled), and the result; their errors bound the difference.
+        terms = torch.zeros_like(theirs)
+        if name in exact.pairs:
+            a, b = exact.pairs[name]
+            terms = exact.scale * (b.abs() @ a.abs())
+        bound = 2**-7 * (base32[name].abs() + terms + theirs.abs()) + 1e-7
+        assert bool(((ours - theirs).abs() <= bound).all()), name
+    assert set(adapter.pairs) == {
+        k.removeprefix("base_model.model.").replace(".base_layer.weight", ".weight")
+        for k, _ in t.model.named_parameters()
+        if k.endswith(".base_layer.weight")
+    }
+    adapter.save(tmp_path / "adapter")
+    fresh = plain(tmp_path / "m2")
+    fresh.load_state_dict(base)
+    loaded = PeftModel.from_pretrained(fresh, tmp_path / "adapter").merge_and_unload()
+    for name, tensor in loaded.state_dict().items():
+        expected = adapter.merged(name, base[name]) if name in adapter.pairs else base[name]
+        assert torch.equal(tensor.to(torch.bfloat16), expected), name
+
+
+def test_merged_sync_keeps_publishing_the_merged_model(tmp_path: Path) -> None:
+    t = make(tmp_path, {"rank": 4, "sync": "merged"})
+    assert not t.sends_adapters
+    sent, merged = t.published(), t.bf16()
+    assert sent.keys() == merged.keys()
+    assert all(torch.equal(sent[k], v) for k, v in merged.items())
 
 
 def test_lora_gradients_equal_the_chain_rule_through_a_hand_merged_model_in_float64(

@@ -75,15 +75,16 @@ def base_model(model: Any) -> Any:
     return model.get_base_model() if is_lora(model) else model
 
 
-def merged_state(model: Any) -> dict[str, torch.Tensor]:
+def merged_state(model: Any, *, merge: bool = True) -> dict[str, torch.Tensor]:
     """The merged model's weights (base + scale * B A) under the base model's own names, in
-    the base's order: what a fresh load of the merged model has."""
+    the base's order: what a fresh load of the merged model has. `merge=False`: the frozen
+    base alone, which adapter sync sends rollout pools once."""
     base = model.get_base_model()
     with torch.no_grad():
         deltas = {
             name: cast(Any, module).get_delta_weight(ADAPTER)
             for name, module in base.named_modules()
-            if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+            if merge and isinstance(module, LoraLayer) and ADAPTER in module.lora_A
         }
         out: dict[str, torch.Tensor] = {}
         for key, tensor in base.state_dict().items():

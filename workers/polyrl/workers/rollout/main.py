@@ -18,6 +18,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from polyrl.api.lora import LoraSync
 from polyrl.workers.errors import ConfigError, Stopped
 from polyrl.workers.models import prompts
 from polyrl.workers.runtime.worker import Runtime, torch_threads
@@ -45,7 +46,8 @@ async def build_rollout(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from polyrl.workers.rollout.engines import make_engine
-    from polyrl.workers.rollout.weights import EngineWeights
+    from polyrl.workers.rollout.engines.base import ServesAdapters
+    from polyrl.workers.rollout.weights import EngineWeights, read_base
     from polyrl.workers.rollout.worker import RolloutWorker
 
     torch.set_num_threads(torch_threads())
@@ -63,18 +65,36 @@ async def build_rollout(
         facts = model_facts(directory, config, tokenizer)
     finally:  # the weights come from the weight store; the files are not needed again
         shutil.rmtree(scratch, ignore_errors=True)
+    lora = policy.trainer.lora
+    alpha = lora.scale_alpha if lora is not None and lora.sync == LoraSync.ADAPTER else None
+    store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
+    options: dict[str, Any] = {}
+    if lora is not None and alpha is not None:  # the engine starts from the frozen base
+        model.load_state_dict(await read_base(store, rt.stopping))
+        if policy.rollout.engine == "vllm":
+            options["max_lora_rank"] = lora.rank
     engine = make_engine(
         str(policy.rollout.engine),
         model,
         device=device,
         max_batch_size=policy.rollout.max_batch_size,
+        **options,
     )
+    if alpha is not None and not isinstance(engine, ServesAdapters):
+        raise ConfigError(
+            f"the {policy.rollout.engine} engine serves no LoRA adapters: "
+            "set trainer.lora.sync: merged to send it merged weights"
+        )
     log.info(
         "%s engine on %s (python environment %s)", policy.rollout.engine, engine.device, sys.prefix
     )
-    store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
     weights = EngineWeights(
-        rt.js, rt.names, policy.name, store, malformed=rt.malformed_announcements(policy.name)
+        rt.js,
+        rt.names,
+        policy.name,
+        store,
+        malformed=rt.malformed_announcements(policy.name),
+        adapter_alpha=alpha,
     )
     # Version 0 is announced right after the bundle; poll NATS for it (nothing to wait on).
     while await weights.update(engine) is None and weights.version is None:

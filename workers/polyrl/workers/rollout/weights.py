@@ -5,19 +5,31 @@ brings the weights there (delta chain or keyframe, whichever is cheaper; a refus
 means a resync from a keyframe), then makes the engine serve them. Where the engine's
 weights are live tensors the codec patched the model itself; otherwise the verified host
 copy is pushed with `load_weights`. Only verified weights ever reach the engine.
+
+A LoRA policy under adapter sync (`trainer.lora.sync: adapter`, `adapter_alpha` given)
+announces adapter versions: the engine is built on the frozen base (`read_base`, before this
+class is used), and the worker follows the adapters' own chain of keyframes and deltas
+exactly as above, handing each version to the engine's `load_adapter`
+(`engines.base.ServesAdapters`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
+import torch
 from nats.js import JetStreamContext
 
 from polyrl.api.naming import JobNames
-from polyrl.workers.rollout.engines.base import Engine
+from polyrl.workers.deltas import decode
+from polyrl.workers.deltas.errors import DeltaError
+from polyrl.workers.errors import Stopped
+from polyrl.workers.models.adapters import Adapter
+from polyrl.workers.rollout.engines.base import Engine, ServesAdapters
 from polyrl.workers.weightsync import announce
-from polyrl.workers.weightsync.store import WeightStore
+from polyrl.workers.weightsync.store import ObjectMissing, WeightObjectError, WeightStore
 from polyrl.workers.weightsync.sync import SyncFailed, SyncReport, WeightSync
 
 log = logging.getLogger("polyrl.weights")
@@ -32,10 +44,12 @@ class EngineWeights:
         store: WeightStore,
         *,
         malformed: announce.Malformed | None = None,
+        adapter_alpha: int | None = None,
     ) -> None:
         self.js, self.names, self.policy = js, names, policy
         self.malformed = malformed  # told of each malformed announcement passed over
         self.sync = WeightSync(store)
+        self.adapter_alpha = adapter_alpha  # set: the policy sends LoRA adapters
         self.attached = False  # sync.state is the engine's own tensors
         self.failures = 0
         self.last: SyncReport | None = None  # the last sync that reached its version
@@ -53,6 +67,7 @@ class EngineWeights:
         if latest is None or (latest.version, latest.epoch) == (self.sync.version, self.sync.epoch):
             return None
         try:
+            self._check_payload(latest)
             report = await self.sync.follow(latest)
         except SyncFailed as err:
             self.failures += 1
@@ -85,7 +100,22 @@ class EngineWeights:
             "changed_fraction": self.last.changed_fraction,
         }
 
+    def _check_payload(self, latest: announce.WeightAnnouncement) -> None:
+        """Refuse (`SyncFailed`) a payload other than the policy's: it would put an adapter
+        where weights go, or the reverse."""
+        adapters = self.adapter_alpha is not None
+        if (latest.payload == announce.Payload.ADAPTER) != adapters:
+            expected = "adapters" if adapters else "model weights"
+            raise SyncFailed(
+                f"{latest.object} holds a {latest.payload}, the policy sends {expected}"
+            )
+
     def _push(self, engine: Engine) -> None:
+        if self.adapter_alpha is not None:
+            assert self.sync.state is not None
+            assert isinstance(engine, ServesAdapters)
+            engine.load_adapter(Adapter(dict(self.sync.state), self.adapter_alpha))
+            return
         if self.attached:
             if not engine.weights_are_live:
                 assert self.sync.state is not None
@@ -96,3 +126,26 @@ class EngineWeights:
         if engine.weights_are_live:
             self.sync.state = engine.weights()  # from now on deltas patch the model in place
             self.attached = True
+
+
+async def read_base(store: WeightStore, stopping: asyncio.Event) -> dict[str, torch.Tensor]:
+    """The frozen base a LoRA policy's adapters are served on (`announce.BASE_OBJECT`), once
+    its trainer has written it (after its warm-up); raises `Stopped` if asked to stop first.
+
+    A base that cannot be read (corrupt, or of another format) is an error, not a wait: no
+    other object holds it, and the trainer writes it again only when it restarts."""
+    while True:
+        try:
+            blob = await store.get(announce.BASE_OBJECT)
+        except ObjectMissing:
+            if stopping.is_set():
+                raise Stopped("stopped before the trainer wrote the base model") from None
+            await asyncio.sleep(0.5)
+            continue
+        try:
+            _, state = await asyncio.to_thread(decode.load_keyframe, blob)
+        except DeltaError as err:
+            raise WeightObjectError(
+                f"{announce.BASE_OBJECT} is not a readable base: {err}"
+            ) from err
+        return state

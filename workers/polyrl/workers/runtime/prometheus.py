@@ -35,6 +35,11 @@ job's `Ready` and the operator's scale latency are made of.
 | `polyrl_worker_sync_failures` | syncs that found no path to the announced version |
 | `polyrl_worker_queue_depth` | requests of the policy waiting, not yet taken |
 | `polyrl_worker_staleness` (histogram) | age of every trained sample, in weight versions |
+| `polyrl_worker_published_bytes_total{kind}` | bytes the trainer published, by object kind |
+| `polyrl_worker_published_objects_total{kind}` | weight objects the trainer published, by kind |
+
+The trainer's kinds: `keyframe` and `delta` (the model), `adapter` and `adapter-delta` (a
+LoRA adapter under adapter sync) and `base` (the frozen base adapters are served on, once).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from collections.abc import Callable, Mapping
 from http.server import ThreadingHTTPServer
 from urllib.parse import urlparse
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import MetricsHandler
 
 from polyrl.api.messages import Heartbeat
@@ -105,6 +110,20 @@ class WorkerMetrics:
             "polyrl_worker_staleness", "age of each trained sample, in weight versions",
             list(labels), buckets=STALENESS_BUCKETS, registry=self.registry,
         ).labels(**labels)  # fmt: skip
+        self.published_bytes = Counter(
+            "polyrl_worker_published_bytes", "bytes of weight objects published, by kind",
+            [*labels, "kind"], registry=self.registry,
+        )  # fmt: skip
+        self.published_objects = Counter(
+            "polyrl_worker_published_objects", "weight objects published, by kind",
+            [*labels, "kind"], registry=self.registry,
+        )  # fmt: skip
+        self.labels = labels
+
+    def observe_published(self, kind: str, size: int) -> None:
+        """One weight object the trainer wrote (`trainer.leader.PublishedKind`)."""
+        self.published_bytes.labels(**self.labels, kind=kind).inc(size)
+        self.published_objects.labels(**self.labels, kind=kind).inc()
 
     def observe(self, beat: Heartbeat) -> None:
         self.info.labels(beat.role, beat.policy or "", beat.pod).set(1)

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from polyrl.workers.trainer.learner import Learner
 from polyrl.workers.trainer.pool_scoring import EvaluationStopped, PoolScorer
 from polyrl.workers.trainer.scoring import ModelScorer
 from polyrl.workers.weightsync import announce, bundle, retention
+from polyrl.workers.weightsync.announce import Payload
 from polyrl.workers.weightsync.publish import WeightPublisher
 from polyrl.workers.weightsync.store import WeightStore
 from polyrl.workers.workflows import interface as roles
@@ -98,6 +101,23 @@ class NatsHandoff:
         )
 
 
+class PublishedKind(enum.StrEnum):
+    """What a published weight object is, as metrics name it."""
+
+    KEYFRAME = "keyframe"  # the whole model
+    DELTA = "delta"  # the model's changes since the last version
+    ADAPTER = "adapter"  # a whole LoRA adapter (its keyframe)
+    ADAPTER_DELTA = "adapter-delta"  # an adapter's changes since the last version
+    BASE = "base"  # the frozen base adapters are served on, once per trainer life
+
+
+def published_kind(announcement: announce.WeightAnnouncement) -> PublishedKind:
+    keyframe = announcement.kind == announce.ObjectKind.KEYFRAME
+    if announcement.payload == Payload.ADAPTER:
+        return PublishedKind.ADAPTER if keyframe else PublishedKind.ADAPTER_DELTA
+    return PublishedKind.KEYFRAME if keyframe else PublishedKind.DELTA
+
+
 class Leader:
     """Rank 0's NATS side: bundle, weight publication, trajectories, heartbeats, metrics."""
 
@@ -123,6 +143,7 @@ class Leader:
         self.pool: PoolScorer | None = None  # `trainer.evalOn: rollout` (made in `start`)
         self.step0: dict[str, float] = {}  # warm-up figures the step-0 record carries
         self.publish_seconds: float | None = None  # the last version's encoding and upload
+        self.last_published: dict[str, Any] = {}  # the last version's bytes and kind
 
     async def start(self) -> Any:
         # Config and tokenizer first: the workflow runner encodes this policy's prompts with
@@ -148,10 +169,14 @@ class Leader:
             keyframe_every=every,
             epoch=self.trainer.state.epoch,
             encoder=self.encoder,
+            payload=Payload.ADAPTER if self.trainer.sends_adapters else Payload.MODEL,
         )
         await self.bound_bucket(store, every)
         first = max(self.trainer.state.version, last.version if last else -1) + 1
-        await self.publisher.publish(self.trainer.bf16(), version=first)
+        if self.trainer.sends_adapters:
+            size = await self.publisher.publish_base(self.trainer.base_bf16())
+            self.observe_published([(PublishedKind.BASE, size)])
+        self.note_published(first, await self.publisher.publish(self.trainer.published(), first))
         self.trainer.state.version = first
         if self.pool is not None:  # the pool serves the start only now
             self.stage("evaluating on the rollout pool")
@@ -287,9 +312,9 @@ class Leader:
         """Publish `version`, then prune the bucket (`retention`): nothing a live replica or a
         new one needs goes, and the bucket stays bounded however long the job runs."""
         started = time.monotonic()
-        state = self.trainer.bf16()
+        state = self.trainer.published()
         try:  # a retry rewrites the same objects; the announcements carry message ids
-            await outage.retry(
+            announced = await outage.retry(
                 lambda: self.publisher.publish(state, version=version, final=final),
                 what=f"publishing weight version {version}",
             )
@@ -303,6 +328,7 @@ class Leader:
             ) from err
         # Encoding and upload, off the critical path: the next step's record carries it.
         self.publish_seconds = round(time.monotonic() - started, 3)
+        self.note_published(version, announced)
         try:
             live = await retention.live_versions(self.rt.kv, self.policy.name)
             await retention.prune(self.publisher, live)
@@ -338,8 +364,29 @@ class Leader:
                 "step_seconds": round(seconds, 4),
                 **stats,
                 **({"publish_seconds": self.publish_seconds} if self.publish_seconds else {}),
+                **self.last_published,
             }
         )
+
+    def note_published(self, version: int, announced: list[announce.WeightAnnouncement]) -> None:
+        """What `version` cost on the wire, by kind: for the next metrics record, Prometheus
+        and the log."""
+        kinds = [(published_kind(a), a.size) for a in announced]
+        self.last_published = {
+            "published_version": version,
+            "published_bytes": sum(size for _, size in kinds),
+            "published_kind": "+".join(kind for kind, _ in kinds),
+        }
+        self.observe_published(kinds)
+        log.info(
+            "version %d published: %s",
+            version, ", ".join(f"{kind} {size / 1e6:.3g} MB" for kind, size in kinds),
+        )  # fmt: skip
+
+    def observe_published(self, kinds: Sequence[tuple[str, int]]) -> None:
+        if self.rt.exported is not None:
+            for kind, size in kinds:
+                self.rt.exported.observe_published(kind, size)
 
     def write_metrics(self, figures: dict[str, Any]) -> None:
         self.metrics.write([{"policy": self.policy.name, **figures, "time": time.time()}])

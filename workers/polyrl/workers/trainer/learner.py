@@ -9,8 +9,8 @@ With `algorithm.klCoef > 0` every rank keeps a frozen copy of the policy RL star
 (after the warm start) and adds the k3 KL to it to the loss; the copy is checkpointed with
 the weights, so a resumed trainer is held to the same anchor. With `trainer.lora` the model
 is the base with adapters (`models.lora`): only the adapters train and have optimizer state,
-the KL anchor is the base with the adapters off (no copy), and what is published is the
-merged model.
+the KL anchor is the base with the adapters off (no copy), and what is published is each
+version's adapter on a base sent once (`lora.sync: adapter`), or the merged model.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from polyrl.api.lora import LoraSync
 from polyrl.api.resources import AlgorithmSpec, PolicySpec, UniformGroups
 from polyrl.api.wire import Trajectory
 from polyrl.workers.models import loading as models
@@ -111,6 +112,25 @@ class Learner:
 
     def bf16(self) -> dict[str, torch.Tensor]:
         return {k: v.to(torch.bfloat16) for k, v in self.weights().items()}
+
+    @property
+    def sends_adapters(self) -> bool:
+        """LoRA with adapter sync: rollout pools get the base once, then adapters alone."""
+        spec = self.policy.trainer.lora
+        return spec is not None and spec.sync == LoraSync.ADAPTER
+
+    def published(self) -> dict[str, torch.Tensor]:
+        """What each weight version sends rollout pools, in bf16: the adapter under adapter
+        sync (PEFT's names), else the (merged) weights."""
+        if self.sends_adapters:
+            return {k: v.to(torch.bfloat16) for k, v in lora.adapter_state(self.model).items()}
+        return self.bf16()
+
+    def base_bf16(self) -> dict[str, torch.Tensor]:
+        """The frozen base under LoRA, in bf16: what adapter versions are served on."""
+        return {
+            k: v.to(torch.bfloat16) for k, v in lora.merged_state(self.model, merge=False).items()
+        }
 
     def step(self, samples: list[batching.Sample]) -> dict[str, float]:
         """`updatesPerBatch` optimizer steps over this rank's share of `samples`.

@@ -31,11 +31,21 @@ from polyrl.api.base import ApiModel
 from polyrl.api.naming import JobNames
 
 WIRE_VERSION: Final = 1
+# Under LoRA's adapter sync, the frozen base weights as one keyframe, written once per trainer
+# life. Not a chain name (`chain.parse`), so never planned over and never pruned.
+BASE_OBJECT: Final = "base.key"
 
 
 class ObjectKind(enum.StrEnum):
     DELTA = "delta"
     KEYFRAME = "keyframe"
+
+
+class Payload(enum.StrEnum):
+    """What the announced object's tensors are."""
+
+    MODEL = "model"  # the model's weights, under the transformers model's names
+    ADAPTER = "adapter"  # a LoRA adapter (PEFT's names), served on the base (`BASE_OBJECT`)
 
 
 class WeightAnnouncement(ApiModel):
@@ -50,6 +60,11 @@ class WeightAnnouncement(ApiModel):
     )
     kind: ObjectKind = Field(description="delta or keyframe.")
     object: str = Field(description="Object name in the policy's weights bucket.")
+    payload: Payload = Field(
+        Payload.MODEL,
+        description="model: the weights themselves; adapter: a LoRA adapter, which a "
+        "replica serves on the frozen base the trainer wrote once as `BASE_OBJECT`.",
+    )
     size: int = Field(ge=0, description="Object size in bytes.")
     checksum: str = Field(description="The object's Object Store digest, 'SHA-256=<base64>'.")
     final: bool = Field(

@@ -22,7 +22,12 @@ from polyrl.api.naming import JobNames
 from polyrl.workers.deltas.encoders import Encoder, Snapshot
 from polyrl.workers.deltas.encoders.inline import InlineEncoder
 from polyrl.workers.weightsync import announce, chain
-from polyrl.workers.weightsync.announce import ObjectKind, WeightAnnouncement
+from polyrl.workers.weightsync.announce import (
+    BASE_OBJECT,
+    ObjectKind,
+    Payload,
+    WeightAnnouncement,
+)
 from polyrl.workers.weightsync.store import ObjectMissing, WeightStore
 
 
@@ -36,9 +41,11 @@ class WeightPublisher:
         keyframe_every: int,
         epoch: int = 0,
         encoder: Encoder | None = None,
+        payload: Payload = Payload.MODEL,
     ) -> None:
         chain.is_keyframe_version(0, keyframe_every)  # validates
         self.store, self.names, self.policy = store, names, policy
+        self.payload = payload
         self.keyframe_every, self.epoch = keyframe_every, epoch
         self.encoder = encoder or InlineEncoder()
         self.published: Snapshot | None = None
@@ -77,6 +84,18 @@ class WeightPublisher:
         self.published, self.version = snapshot, version
         return announced
 
+    async def publish_base(self, state: Mapping[str, torch.Tensor]) -> int:
+        """Write the frozen base an adapter payload is served on (`BASE_OBJECT`), a keyframe
+        of version 0; its size. Not announced: a replica of an adapter policy fetches it once,
+        before the first adapter, and the adapters' announcements say when there is one."""
+        if self.payload != Payload.ADAPTER:
+            raise ValueError("only an adapter policy's publisher writes a base")
+        # On a thread, not with the publisher's encoder: that one is laid out for the
+        # adapter's tensors (a process encoder keeps one layout), and the base goes once.
+        once = InlineEncoder()
+        blob = await asyncio.to_thread(once.keyframe, once.snapshot(state, keep=None), version=0)
+        return (await self.store.put(BASE_OBJECT, blob)).size
+
     async def prune(self, live_versions: Iterable[int], keep_keyframes: int = 2) -> list[str]:
         """Delete what no live replica (at any of `live_versions`) or new replica needs."""
         doomed = sorted(chain.to_delete(await self.store.sizes(), live_versions, keep_keyframes))
@@ -110,6 +129,7 @@ class WeightPublisher:
             base_version=base,
             kind=kind,
             object=name,
+            payload=self.payload,
             size=meta.size,
             checksum=meta.digest,
             final=final,

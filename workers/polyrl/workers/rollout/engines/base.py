@@ -33,6 +33,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from polyrl.workers.models.adapters import Adapter
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -114,6 +116,21 @@ class Engine(Protocol):
         Values are copied into the existing tensors (no reallocation: a GPU engine keeps its
         memory plan, and `weights()` stays valid). Used for keyframes and to push a patched
         host copy; the caller then sets `version`."""
+        ...
+
+
+@runtime_checkable
+class ServesAdapters(Protocol):
+    """An engine that serves a LoRA adapter on the base it holds (`trainer.lora.sync: adapter`).
+
+    The base is what `load_weights` last loaded (the trainer's frozen base); each adapter
+    version replaces the last, so the engine serves base + that adapter and nothing of the
+    ones before: after any number of versions it serves what a fresh engine given the base
+    and that one version would."""
+
+    def load_adapter(self, adapter: Adapter) -> None:
+        """Serve base + `adapter` from now on (ValueError if it adapts a weight the base
+        lacks, or one of another shape); `load_weights` afterwards serves a base alone."""
         ...
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from polyrl.workers.models.adapters import Adapter
 from polyrl.workers.rollout.engines import base
 from polyrl.workers.rollout.engines.base import Generation, SamplingParams
 
@@ -67,6 +68,10 @@ class TorchEngine:
         # Detached views of the parameters, sharing their storage (tied ones share one).
         self._live: dict[str, torch.Tensor] = dict(self.model.state_dict())
         self._vocab_size = int(self.model.config.vocab_size)
+        # Adapter serving: the base weights an adapter moves, where no host copy keeps them
+        # (see `load_adapter`), and the weights that now hold a merge.
+        self._base: dict[str, torch.Tensor] = {}
+        self._adapted: set[str] = set()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         base.check_prompts(prompts, self._vocab_size)
@@ -94,6 +99,41 @@ class TorchEngine:
             _copy_into(self._live, state)
             if self._host is not None:
                 _copy_into(self._host, state)
+        self._base, self._adapted = {}, set()
+
+    def load_adapter(self, adapter: Adapter) -> None:
+        """Serve base + `adapter`, merged on the fly into the weights the model computes with.
+
+        Merged rather than run beside the base: decoding costs what it costs without LoRA, and
+        the served model is exactly the merged one (`adapters.merge`, rounded to bf16
+        as the trainer's merged weights are). Every merge starts from the base, never
+        from the last merge, so no rounding accumulates over versions. The base is the host
+        copy where the engine has one (bf16 weights on CPU: no memory added), else a copy of
+        the adapted weights taken at the first merge."""
+        merging = self._merge_bases(adapter)
+        with torch.no_grad():
+            for name in self._adapted - merging.keys():  # adapted before, not now: the base
+                self._live[name].copy_(self._base_of(name))
+            for name, weight in merging.items():
+                self._live[name].copy_(adapter.merged(name, weight))
+        self._adapted = set(merging)
+
+    def _merge_bases(self, adapter: Adapter) -> dict[str, torch.Tensor]:
+        have = self._host if self._host is not None else self._live
+        for name, (a, b) in adapter.pairs.items():
+            if name not in have:
+                raise ValueError(f"the adapter adapts {name}, which the model does not have")
+            if (b.shape[0], a.shape[1]) != tuple(have[name].shape):
+                raise ValueError(
+                    f"{name}: the adapter makes {b.shape[0]}x{a.shape[1]}, "
+                    f"the model has {list(have[name].shape)}"
+                )
+            if self._host is None and name not in self._base:
+                self._base[name] = self._live[name].detach().clone()  # not merged yet
+        return {name: self._base_of(name) for name in adapter.pairs}
+
+    def _base_of(self, name: str) -> torch.Tensor:
+        return self._host[name] if self._host is not None else self._base[name]
 
     @torch.inference_mode()
     def _generate_batch(

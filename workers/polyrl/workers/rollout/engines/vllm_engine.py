@@ -33,6 +33,13 @@ What this file relies on, each a vLLM behaviour checked by the engine contract t
    this process, so the iterator and its tensors are passed by reference.
 6. `LLM.reset_prefix_cache()` drops cached KV blocks, which were computed with the old weights.
 
+7. With `max_lora_rank` the engine is built with `enable_lora=True` (`max_loras=1`) and
+   serves a LoRA adapter (`load_adapter`): each version is written as PEFT's two files and
+   loaded with `llm_engine.add_lora(LoRARequest(name, id, path))` under an id of its own (a
+   reused id would be served from vLLM's adapter cache), then every request goes with that
+   `LoRARequest`; the version before is dropped with `remove_lora`. The base is whatever the
+   engine was built from (the rollout worker builds it from the frozen base).
+
 Because vLLM's parameters are fused (and repacked), `weights()` is a host copy under the
 trainer's names (`weights_are_live` is False): the worker patches it and pushes it with
 `load_weights(engine.weights())`.
@@ -46,7 +53,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,6 +63,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from polyrl.workers.models.adapters import Adapter
 from polyrl.workers.rollout.engines import base
 from polyrl.workers.rollout.engines.base import Generation, SamplingParams
 
@@ -81,6 +91,7 @@ class VllmEngine:
         max_batch_size: int = 32,
         dtype: str = "auto",
         enforce_eager: bool = True,
+        max_lora_rank: int | None = None,
         **llm_kwargs: Any,
     ) -> None:
         vllm = _import_vllm()
@@ -92,6 +103,12 @@ class VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # assumption 5
         if platform == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self._adapters: Path | None = None  # where adapter versions are written for vLLM
+        self._lora: Any = None  # the LoRARequest every generation goes with, if any
+        if max_lora_rank is not None:
+            llm_kwargs |= _lora_options(max_lora_rank)
+            self._adapters = Path(tempfile.mkdtemp(prefix="polyrl-vllm-adapters-"))
+            weakref.finalize(self, shutil.rmtree, self._adapters, ignore_errors=True)
         if dtype == "auto" and isinstance(model, PreTrainedModel):
             dtype = str(model.dtype).removeprefix("torch.")
         with tempfile.TemporaryDirectory(prefix="polyrl-vllm-") as scratch:
@@ -114,7 +131,7 @@ class VllmEngine:
         base.check_prompts(prompts, self._vocab_size)
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         sampling = [self._sampling_params(params, i) for i in range(len(prompts))]
-        outputs = self._llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self._llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora)
         return [_generation(output.outputs[0]) for output in outputs]
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -130,6 +147,25 @@ class VllmEngine:
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
         self._llm.reset_prefix_cache()
 
+    def load_adapter(self, adapter: Adapter) -> None:
+        """Serve base + `adapter`: written in PEFT's format, loaded now under a new id
+        (assumption 7), the one before removed, so vLLM holds one adapter at a time."""
+        if self._adapters is None:
+            raise ValueError("this engine was built without max_lora_rank: it serves no adapter")
+        serial = 1 if self._lora is None else int(self._lora.lora_int_id) + 1
+        directory = self._adapters / f"adapter-{serial}"
+        adapter.save(directory)
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(f"adapter-{serial}", serial, str(directory))
+        engine = self._llm.llm_engine
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the adapter in {directory}")
+        previous, self._lora = self._lora, request
+        if previous is not None:
+            engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
     def _sampling_params(self, params: SamplingParams, index: int) -> Any:
         seed = None if params.seed is None else (params.seed * _SEED_MIX + index) % 2**63
         return self._vllm.SamplingParams(
@@ -143,6 +179,18 @@ class VllmEngine:
             detokenize=False,
             ignore_eos=True,
         )
+
+
+# vLLM sizes its adapter slots by one of these ranks (`vllm.config.lora.MaxLoRARanks`).
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _lora_options(rank: int) -> dict[str, Any]:
+    """`LLM` arguments for serving one adapter of rank `rank` at a time."""
+    fitting = [r for r in _LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"vLLM serves LoRA ranks up to {_LORA_RANKS[-1]}, not {rank}")
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": 1}
 
 
 def _import_vllm() -> Any:
