@@ -207,18 +207,27 @@ async def test_sync_mode_trains_each_step_only_on_samples_of_the_current_weights
     assert gate.waited > 0  # the runner did wait for each step's weights
 
 
-async def test_a_lora_trainer_publishes_merged_weights_that_rollouts_serve_bit_exact(
-    nats_server: NatsServer, tmp_path: Path
-) -> None:
+async def lora_served(
+    nats_server: NatsServer, tmp_path: Path, lora_spec: LoraSpec
+) -> tuple[Served, Any, JobNames]:
+    """Three LoRA steps (lr 1e-3) served by a rollout worker that has reached version 3."""
     names = JobNames(namespace="t", job=f"lora{uuid.uuid4().hex[:6]}")
     job = spec(steps=3)
-    job.policies[0].trainer.lora = LoraSpec(rank=4, sync=LoraSync.MERGED)
+    job.policies[0].trainer.lora = lora_spec
     job.policies[0].trainer.optimizer.lr = 1e-3
     nc = await nats.connect(nats_server.url)
     await natsconfig.ensure(nc.jetstream(), names, ["solver"])
     served = await train_and_serve(nats_server.url, names, job, tmp_path / "tr")
     engine = served.rollout.engine
     await wait_until_async("the rollout worker on version 3", lambda: engine.version == 3)
+    return served, nc, names
+
+
+async def test_a_lora_trainer_publishes_merged_weights_that_rollouts_serve_bit_exact(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    served, nc, _ = await lora_served(nats_server, tmp_path, LoraSpec(rank=4, sync=LoraSync.MERGED))
+    engine = served.rollout.engine
     merged, serving = served.trainer.bf16(), engine.weights()
     assert merged.keys() == serving.keys()  # the base's own names: no adapter in sight
     assert all(torch.equal(serving[k], v) for k, v in merged.items())
@@ -237,15 +246,9 @@ async def test_a_lora_trainer_sends_the_base_once_then_adapters_that_rollouts_se
     merge computes it; each version's bytes and kind are in metrics.jsonl."""
     metrics = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("POLYRL_METRICS_FILE", str(metrics))
-    names = JobNames(namespace="t", job=f"lora{uuid.uuid4().hex[:6]}")
-    job = spec(steps=3)
-    lora_spec = job.policies[0].trainer.lora = LoraSpec(rank=4)
-    job.policies[0].trainer.optimizer.lr = 1e-3
-    nc = await nats.connect(nats_server.url)
-    await natsconfig.ensure(nc.jetstream(), names, ["solver"])
-    served = await train_and_serve(nats_server.url, names, job, tmp_path / "tr")
+    lora_spec = LoraSpec(rank=4)
+    served, nc, names = await lora_served(nats_server, tmp_path, lora_spec)
     engine = served.rollout.engine
-    await wait_until_async("the rollout worker on version 3", lambda: engine.version == 3)
     trainer = served.trainer
     base, adapter = trainer.base_bf16(), Adapter(trainer.published(), lora_spec.scale_alpha)
     serving = engine.weights()
