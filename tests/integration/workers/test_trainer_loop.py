@@ -210,9 +210,13 @@ async def test_sync_mode_trains_each_step_only_on_samples_of_the_current_weights
 async def lora_served(
     nats_server: NatsServer, tmp_path: Path, lora_spec: LoraSpec
 ) -> tuple[Served, Any, JobNames]:
-    """Three LoRA steps (lr 1e-3) served by a rollout worker that has reached version 3."""
+    """Three LoRA steps (lr 1e-3) served by a rollout worker that has reached version 3.
+
+    Rewarded by `dense_task`, so that the steps change the adapter: arithmetic's rewards
+    are all 0 for the untrained model, and an untouched adapter would pass any check of it."""
     names = JobNames(namespace="t", job=f"lora{uuid.uuid4().hex[:6]}")
     job = spec(steps=3)
+    job.workflow.task.name = "tests.integration.workers.dense_task:make"
     job.policies[0].trainer.lora = lora_spec
     job.policies[0].trainer.optimizer.lr = 1e-3
     nc = await nats.connect(nats_server.url)
@@ -230,6 +234,7 @@ async def test_a_lora_trainer_publishes_merged_weights_that_rollouts_serve_bit_e
     engine = served.rollout.engine
     merged, serving = served.trainer.bf16(), engine.weights()
     assert merged.keys() == serving.keys()  # the base's own names: no adapter in sight
+    assert any(not torch.equal(v, served.trainer.base_bf16()[k]) for k, v in merged.items())
     assert all(torch.equal(serving[k], v) for k, v in merged.items())
     assert (tmp_path / "tr" / "checkpoint" / checkpoint.ADAPTER_WEIGHTS).is_file()
     for rt in served.runtimes:
@@ -253,6 +258,7 @@ async def test_a_lora_trainer_sends_the_base_once_then_adapters_that_rollouts_se
     base, adapter = trainer.base_bf16(), Adapter(trainer.published(), lora_spec.scale_alpha)
     serving = engine.weights()
     assert serving.keys() == base.keys()
+    assert all(bool(b.any()) for _, b in adapter.pairs.values())  # B starts at 0: it trained
     for name, weight in base.items():
         expected = adapter.merged(name, weight) if name in adapter.pairs else weight
         assert torch.equal(serving[name], expected.to(serving[name].dtype)), name

@@ -72,6 +72,7 @@ class TorchEngine:
         # (see `load_adapter`), and the weights that now hold a merge.
         self._base: dict[str, torch.Tensor] = {}
         self._adapted: set[str] = set()
+        self._adapter: Adapter | None = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         base.check_prompts(prompts, self._vocab_size)
@@ -87,11 +88,16 @@ class TorchEngine:
         return results
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The weights served, in the trainer's dtype: the live tensors, the host copy, or
+        (on an accelerator) a fresh host copy. With an adapter, its merged weights over the
+        base, computed here: the host copy holds the base, since adapters merge from it."""
         if self.weights_are_live:
             return dict(self._live)
-        if self._host is None:
-            self._host = base.host_copy(self._live)
-        return self._host
+        held = self._host if self._host is not None else base.host_copy(self._live)
+        if self._adapter is None:
+            return held
+        merged = {n: self._adapter.merged(n, self._base_of(n)) for n in self._adapted}
+        return held | {n: w.to(held[n].dtype) for n, w in merged.items()}
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         base.check_state(self._live if self._host is None else self._host, state)
@@ -99,7 +105,7 @@ class TorchEngine:
             _copy_into(self._live, state)
             if self._host is not None:
                 _copy_into(self._host, state)
-        self._base, self._adapted = {}, set()
+        self._base, self._adapted, self._adapter = {}, set(), None
 
     def load_adapter(self, adapter: Adapter) -> None:
         """Serve base + `adapter`, merged on the fly into the weights the model computes with.
@@ -116,7 +122,7 @@ class TorchEngine:
                 self._live[name].copy_(self._base_of(name))
             for name, weight in merging.items():
                 self._live[name].copy_(adapter.merged(name, weight))
-        self._adapted = set(merging)
+        self._adapted, self._adapter = set(merging), adapter
 
     def _merge_bases(self, adapter: Adapter) -> dict[str, torch.Tensor]:
         have = self._host if self._host is not None else self._live
