@@ -20,6 +20,7 @@ from polyrl.api import taskparams
 from polyrl.api._version import DEFAULT_IMAGE
 from polyrl.api.base import ApiModel, Dns1035Name, Quantity, Resources, Toleration
 from polyrl.api.lora import LoraSpec as LoraSpec
+from polyrl.api.lora import LoraSync
 from polyrl.api.model_source import ModelSource as ModelSource
 from polyrl.api.model_source import PromptFormat as PromptFormat
 from polyrl.api.model_source import pvc_parts as pvc_parts
@@ -288,6 +289,16 @@ class RolloutSpec(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, description="Taints rollout pods tolerate."
     )
+    served_by: str | None = Field(
+        None,
+        pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+        max_length=40,
+        description="Another policy of the job whose rollout pool serves this one: both train "
+        "LoRA adapters (sync: adapter) on the same model, and one engine per replica holds "
+        "the base once and each policy's adapter. This policy's PolicyGroup then has no "
+        "rollout pods; the serving policy's PolicyGroup holds and scales the pool "
+        "(docs/architecture.md, shared pools).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutSpec:
@@ -430,6 +441,15 @@ class NatsSpec(ApiModel):
 _OWN_STEPS_MESSAGE = (
     "a policy's trainer.steps needs algorithm.mode async: sync mode's rounds wait for every policy"
 )
+_SERVED_BY_MESSAGE = (
+    "rollout.servedBy must name another policy of the job that has no servedBy itself, "
+    "and both policies need trainer.lora and the same model.path"
+)
+_SERVED_BY_RULE = (
+    "self.policies.all(p, !has(p.rollout.servedBy) || (has(p.trainer.lora) && "
+    "self.policies.exists(q, q.name == p.rollout.servedBy && q.name != p.name && "
+    "!has(q.rollout.servedBy) && has(q.trainer.lora) && q.model.path == p.model.path)))"
+)
 
 
 class RLJobSpec(ApiModel):
@@ -440,7 +460,8 @@ class RLJobSpec(ApiModel):
                     "rule": "self.algorithm.mode != 'sync' || "
                     "self.policies.all(p, !has(p.trainer.steps))",
                     "message": _OWN_STEPS_MESSAGE,
-                }
+                },
+                {"rule": _SERVED_BY_RULE, "message": _SERVED_BY_MESSAGE},
             ]
         }
     }
@@ -483,8 +504,28 @@ class RLJobSpec(ApiModel):
             raise ValueError(_OWN_STEPS_MESSAGE)
         return self
 
+    @model_validator(mode="after")
+    def _shared_pools(self) -> RLJobSpec:
+        for policy in self.policies:
+            if policy.rollout.served_by is not None:
+                _check_served_by(self, policy, policy.rollout.served_by)
+        return self
+
     def policy(self, name: str) -> PolicySpec | None:
         return next((p for p in self.policies if p.name == name), None)
+
+    def pool_of(self, name: str) -> str:
+        """The policy whose rollout pool serves `name`: its `servedBy`, else itself."""
+        policy = self.policy(name)
+        served_by = policy.rollout.served_by if policy is not None else None
+        return served_by or name
+
+    def served_in_pool(self, name: str) -> list[str]:
+        """Every policy `name`'s rollout pool serves: itself first, then those it serves
+        (`servedBy: name`); empty if `name` is served by another policy's pool."""
+        if self.pool_of(name) != name:
+            return []
+        return [name] + [p.name for p in self.policies if p.rollout.served_by == name]
 
     def steps_of(self, policy: PolicySpec) -> int | None:
         """How many steps `policy` trains: its own `trainer.steps`, else the job's stop.steps."""
@@ -499,6 +540,30 @@ class RLJobSpec(ApiModel):
                 return None
             steps[policy.name] = last
         return steps
+
+
+def _check_served_by(spec: RLJobSpec, policy: PolicySpec, pool: str) -> None:
+    """A shared pool serves adapters of one base: refuse what one engine cannot serve."""
+    where = f"policy {policy.name}: rollout.servedBy {pool!r}"
+    serving = spec.policy(pool)
+    if serving is None or serving.name == policy.name:
+        raise ValueError(f"{where} is not another policy of the job")
+    if serving.rollout.served_by is not None:
+        raise ValueError(f"{where} is itself served by {serving.rollout.served_by!r}")
+    for p in (policy, serving):
+        lora = p.trainer.lora
+        if lora is None or lora.sync != LoraSync.ADAPTER:
+            raise ValueError(
+                f"{where}: a shared pool serves LoRA adapters; policy {p.name} needs "
+                "trainer.lora with sync: adapter"
+            )
+    for field in ("path", "dtype", "tokenizer"):
+        mine, theirs = getattr(policy.model, field), getattr(serving.model, field)
+        if mine != theirs:
+            raise ValueError(
+                f"{where}: a shared pool holds one base model; model.{field} is {mine!r} "
+                f"here and {theirs!r} in {pool}"
+            )
 
 
 class PolicyGroupSpec(ApiModel):
