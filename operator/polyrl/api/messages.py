@@ -32,6 +32,25 @@ class WorkerState(enum.StrEnum):
         return self in (WorkerState.SERVING, WorkerState.TRAINING, WorkerState.DONE)
 
 
+class PoolShare(ApiModel):
+    """A shared rollout pool's figures for one of the policies it serves."""
+
+    requests_served: int = Field(0, ge=0, description="This policy's requests answered.")
+    weight_version: int = Field(0, ge=0, description="This policy's weight version served.")
+    queue_depth: int | None = Field(
+        None, ge=0, description="This policy's requests waiting in its queue, not yet taken."
+    )
+    queue_seconds_p50: float | None = Field(
+        None,
+        ge=0,
+        description="Median time this policy's last requests (up to 256) waited in their "
+        "queue before this replica took them (by the NATS server's clock).",
+    )
+    queue_seconds_p95: float | None = Field(
+        None, ge=0, description="95th percentile of the same waits."
+    )
+
+
 class Heartbeat(ApiModel):
     """What a worker reports every few seconds (the operator derives status from it)."""
 
@@ -122,6 +141,12 @@ class Heartbeat(ApiModel):
         None,
         ge=0,
         description="Rollout: requests of its policy waiting in the queue, not yet taken.",
+    )
+    pool: dict[str, PoolShare] | None = Field(
+        None,
+        description="Rollout in a shared pool (`rollout.servedBy`): the figures of each "
+        "policy it serves, its own included; weight_version and requests_served above are "
+        "its own policy's and the sum.",
     )
     at: float = Field(description="Unix time the heartbeat was written.")
 

@@ -59,7 +59,7 @@ def adapter_engine(case: Case, tmp: Path) -> base.Engine:
     if not directory.exists():
         base_model().save_pretrained(directory)
     if case.kind == "vllm":
-        options = case.options(32) | {"max_lora_rank": RANK}
+        options = case.options(32) | {"max_lora_rank": RANK, "max_loras": 2}
         return case.kept(engines.make_engine("vllm", str(directory), **options))
     return case.build(LlamaForCausalLM.from_pretrained(directory, dtype="auto"))
 
@@ -73,7 +73,7 @@ def engines_on_base(
     return adapter_engine(case, tmp), adapter_engine(case, tmp)
 
 
-def adapter_state(seed: int, model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+def adapter_state(seed: int, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A trained-looking adapter in bf16 under PEFT's names: A random, B small but not zero
     (a fresh adapter's B is zero, which would serve the base and prove nothing)."""
     gen = torch.Generator().manual_seed(seed)
@@ -176,6 +176,39 @@ def test_adapter_serving_agrees_with_a_fresh_load_of_the_merged_weights(
     else:
         assert float((gap.exp() - 1).abs().mean()) <= 0.05
     assert near_ties <= 1
+
+
+def test_an_engine_serving_two_policies_serves_each_what_an_engine_with_its_adapter_alone_does(
+    case: Case, engines_on_base: tuple[base.Engine, base.Engine]
+) -> None:
+    """A shared pool's engine (`rollout.servedBy`): two slots on one base, switched back and
+    forth and updated while the other is selected; each policy's samples are what an engine
+    holding that policy's adapter alone gives (the fresh engine, reloaded each time)."""
+    shared, alone = engines_on_base
+    assert isinstance(shared, base.ServesAdapters)
+    assert isinstance(alone, base.ServesAdapters)
+    solver, verifier = adapter_state(11, base_model()), adapter_state(12, base_model())
+
+    def by_itself(state: dict[str, torch.Tensor]) -> tuple[list[list[int]], torch.Tensor]:
+        alone.load_adapter(Adapter({k: v.clone() for k, v in state.items()}, ALPHA))
+        return served(alone, PROMPTS)
+
+    shared.load_adapter(Adapter(dict(solver), ALPHA), "solver")
+    shared.load_adapter(Adapter(dict(verifier), ALPHA), "verifier")
+    expected = {"solver": by_itself(solver), "verifier": by_itself(verifier)}
+    assert expected["solver"][0] != expected["verifier"][0]  # two policies, told apart
+    for slot in ("solver", "verifier", "solver", "verifier"):
+        shared.select_adapter(slot)
+        tokens, logprobs = served(shared, PROMPTS)
+        assert tokens == expected[slot][0], slot
+        torch.testing.assert_close(logprobs, expected[slot][1], atol=1e-6, rtol=0)
+    solver = adapter_step(solver, torch.Generator().manual_seed(3))
+    shared.load_adapter(Adapter(dict(solver), ALPHA), "solver")  # while verifier is selected
+    assert served(shared, PROMPTS)[0] == expected["verifier"][0]
+    shared.select_adapter("solver")
+    assert served(shared, PROMPTS)[0] == by_itself(solver)[0]
+    with pytest.raises(ValueError, match="no adapter in slot 'judge'"):
+        shared.select_adapter("judge")
 
 
 @torch.inference_mode()

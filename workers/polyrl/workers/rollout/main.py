@@ -19,13 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from polyrl.api.lora import LoraSync
+from polyrl.api.resources import PolicySpec
 from polyrl.workers.errors import ConfigError, Stopped
 from polyrl.workers.models import prompts
 from polyrl.workers.runtime.worker import Runtime, torch_threads
 from polyrl.workers.weightsync import bundle
+from polyrl.workers.weightsync.announce import BASE_OBJECT
 from polyrl.workers.weightsync.store import WeightStore
 
 if TYPE_CHECKING:
+    from polyrl.workers.rollout.weights import EngineWeights
     from polyrl.workers.rollout.worker import ModelFacts, RolloutWorker
 
 log = logging.getLogger("polyrl.worker")
@@ -51,9 +54,16 @@ async def build_rollout(
     from polyrl.workers.rollout.worker import RolloutWorker
 
     torch.set_num_threads(torch_threads())
-    policy = rt.config.spec.policy(rt.config.policy or "")
+    spec = rt.config.spec
+    policy = spec.policy(rt.config.policy or "")
     if policy is None:
         raise ConfigError(f"policy {rt.config.policy!r} is not in the job's spec")
+    if policy.rollout.served_by is not None:
+        raise ConfigError(
+            f"policy {policy.name} is served by {policy.rollout.served_by}'s rollout pool "
+            "(rollout.servedBy): it has no rollout workers of its own"
+        )
+    others = [spec.policy(name) for name in spec.served_in_pool(policy.name)[1:]]
     scratch = Path(tempfile.mkdtemp(prefix="polyrl-model-"))
     try:
         directory = await until_stopped(
@@ -72,7 +82,8 @@ async def build_rollout(
     if lora is not None and alpha is not None:  # the engine starts from the frozen base
         model.load_state_dict(await read_base(store, rt.stopping))
         if policy.rollout.engine == "vllm":
-            options["max_lora_rank"] = lora.rank
+            ranks = [lora.rank] + [p.trainer.lora.rank for p in others if p and p.trainer.lora]
+            options |= {"max_lora_rank": max(ranks), "max_loras": len(ranks)}
     engine = make_engine(
         str(policy.rollout.engine),
         model,
@@ -101,7 +112,35 @@ async def build_rollout(
         if rt.stopping.is_set():
             raise Stopped("stopped before the first weights were announced")
         await asyncio.sleep(0.5)
-    return RolloutWorker(rt, engine, tokenizer, weights, model=facts)
+    pool = await pool_sources(rt, store, [p for p in others if p is not None])
+    return RolloutWorker(rt, engine, tokenizer, weights, model=facts, pool=pool)
+
+
+async def pool_sources(
+    rt: Runtime, own: WeightStore, others: list[PolicySpec]
+) -> dict[str, EngineWeights]:
+    """The weights of the other policies a shared pool serves, each checked against the
+    base the engine holds (its own trainer's must be the same: `EngineWeights.pool_base`);
+    they are served from their first announced adapter on."""
+    from polyrl.workers.rollout.weights import EngineWeights
+
+    if not others:
+        return {}
+    base = (await own.meta(BASE_OBJECT)).digest
+    sources = {}
+    for other in others:
+        assert other.trainer.lora is not None  # the spec's servedBy check
+        sources[other.name] = EngineWeights(
+            rt.js,
+            rt.names,
+            other.name,
+            await WeightStore.open(rt.js, rt.names.weights_bucket(other.name)),
+            malformed=rt.malformed_announcements(other.name),
+            adapter_alpha=other.trainer.lora.scale_alpha,
+            pool_base=base,
+        )
+    log.info("a shared pool: serving %s beside %s", ", ".join(sources), rt.config.policy)
+    return sources
 
 
 async def until_stopped(rt: Runtime, work: Coroutine[Any, Any, T]) -> T:

@@ -45,11 +45,15 @@ class EngineWeights:
         *,
         malformed: announce.Malformed | None = None,
         adapter_alpha: int | None = None,
+        pool_base: str | None = None,
     ) -> None:
         self.js, self.names, self.policy = js, names, policy
         self.malformed = malformed  # told of each malformed announcement passed over
         self.sync = WeightSync(store)
         self.adapter_alpha = adapter_alpha  # set: the policy sends LoRA adapters
+        # Set: the policy is served in another policy's pool (`rollout.servedBy`), on the
+        # base whose digest this is; its own trainer's base must be the same.
+        self.pool_base = pool_base
         self.attached = False  # sync.state is the engine's own tensors
         self.failures = 0
         self.last: SyncReport | None = None  # the last sync that reached its version
@@ -68,6 +72,7 @@ class EngineWeights:
             return None
         try:
             self._check_payload(latest)
+            await self._check_base()
             report = await self.sync.follow(latest)
         except SyncFailed as err:
             self.failures += 1
@@ -82,8 +87,9 @@ class EngineWeights:
         self._push(engine)
         report.seconds += time.perf_counter() - started  # what it cost the engine, too
         self.last = report
-        engine.version = self.sync.version or 0
-        return engine.version
+        if self.pool_base is None:  # the engine's own policy: its version is the engine's
+            engine.version = self.sync.version or 0
+        return self.sync.version
 
     def figures(self) -> dict[str, float | int | None]:
         """The last sync for the heartbeat (seconds, bytes read, share of weights rewritten)
@@ -110,11 +116,27 @@ class EngineWeights:
                 f"{latest.object} holds a {latest.payload}, the policy sends {expected}"
             )
 
+    async def _check_base(self) -> None:
+        """In a shared pool, refuse (`SyncFailed`) a policy whose trainer's base is not the
+        one the engine holds: its adapters would be served on the wrong weights."""
+        if self.pool_base is None or self.sync.version is not None:
+            return
+        try:
+            digest = (await self.sync.store.meta(announce.BASE_OBJECT)).digest
+        except ObjectMissing as err:
+            raise SyncFailed(f"{self.policy}'s trainer has written no base yet") from err
+        if digest != self.pool_base:
+            raise SyncFailed(
+                f"{self.policy}'s base model differs from the one its shared pool holds "
+                f"({digest} against {self.pool_base}): its adapters are not served"
+            )
+
     def _push(self, engine: Engine) -> None:
         if self.adapter_alpha is not None:
             assert self.sync.state is not None
             assert isinstance(engine, ServesAdapters)
-            engine.load_adapter(Adapter(dict(self.sync.state), self.adapter_alpha))
+            adapter = Adapter(dict(self.sync.state), self.adapter_alpha)
+            engine.load_adapter(adapter, self.policy)
             return
         if self.attached:
             if not engine.weights_are_live:

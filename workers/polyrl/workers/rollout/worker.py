@@ -7,6 +7,11 @@ dies mid-request loses nothing, JetStream redelivers it. Up to `maxBatchSize` se
 generated together. Between batches the worker applies new weights (`WeightSource`), so it
 never serves while weights change and never serves weights that failed verification.
 Malformed requests are dead-lettered and terminated, never retried forever.
+
+A shared pool (`rollout.servedBy`) serves several LoRA policies on one base: the worker pulls
+from each policy's queue (the one first in turn rotates every round, so a busy policy cannot
+starve a quiet one), follows each policy's weights, and generates each policy's requests with
+its own adapter (`ServesAdapters.select_adapter`). Heartbeats carry the figures per policy.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import nats
@@ -23,14 +31,16 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from polyrl.api.messages import DrainAck, Drained, DrainRequest, WorkerState
+from polyrl.api.messages import DrainAck, Drained, DrainRequest, PoolShare, WorkerState
 from polyrl.api.wire import Completion, GenerationRequest, GenerationResponse
-from polyrl.workers.rollout.engines.base import Engine, SamplingParams
+from polyrl.workers.rollout.engines.base import Engine, SamplingParams, ServesAdapters
 from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import Runtime
 
 log = logging.getLogger("polyrl.rollout")
 QUEUE_DEPTH_SECONDS = 2.0
+LOOK_SECONDS = 0.05  # a shared pool's quick look into each queue before it waits on all
+WAIT_SECONDS = 0.5  # how long a fetch waits for work to arrive
 
 
 class Tokenizer(Protocol):
@@ -50,6 +60,11 @@ class WeightSource(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    @property
+    def version(self) -> int | None:
+        """The version now served; None before the first."""
+        ...
 
     def figures(self) -> dict[str, float | int | None]:
         """The last weight sync's figures for the heartbeat (`Heartbeat.sync_seconds`, ...)."""
@@ -79,6 +94,28 @@ class Pending:
     prompt: list[int]
 
 
+@dataclass
+class Queue:
+    """One policy the worker serves: its requests' consumer, its weights, its figures."""
+
+    policy: str
+    weights: WeightSource | None
+    sub: Any = None
+    served: int = 0
+    depth: int | None = None
+    waits: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+    def share(self, version: int) -> PoolShare:
+        waits = sorted(self.waits)
+        return PoolShare(
+            requests_served=self.served,
+            weight_version=version,
+            queue_depth=self.depth,
+            queue_seconds_p50=round(statistics.median(waits), 4) if waits else None,
+            queue_seconds_p95=round(waits[int(0.95 * (len(waits) - 1))], 4) if waits else None,
+        )
+
+
 class RolloutWorker:
     def __init__(
         self,
@@ -88,7 +125,9 @@ class RolloutWorker:
         weights: WeightSource | None = None,
         *,
         model: ModelFacts | None = None,
+        pool: Mapping[str, WeightSource] | None = None,
     ) -> None:
+        """`pool`: the other policies a shared pool serves, with their weights."""
         self.rt = rt
         self.engine = engine
         self.tokenizer = tokenizer
@@ -100,6 +139,10 @@ class RolloutWorker:
         )
         self.weights = weights
         self.policy = rt.config.policy or ""
+        self.queues = {self.policy: Queue(self.policy, weights)} | {
+            policy: Queue(policy, source) for policy, source in (pool or {}).items()
+        }
+        self.rounds = 0
         self.max_batch = self._max_batch()
         self.draining = asyncio.Event()
         self.served = 0
@@ -116,68 +159,105 @@ class RolloutWorker:
     async def run(self) -> None:
         names = self.rt.names
         await self.rt.nc.subscribe(names.drain_subject(self.policy, self.rt.pod), cb=self._on_drain)
-        sub = await self.rt.js.pull_subscribe(
-            names.requests_subject(self.policy),
-            durable=names.rollout_consumer,
-            stream=names.requests_stream(self.policy),
-        )
+        for queue in self.queues.values():
+            queue.sub = await self.rt.js.pull_subscribe(
+                names.requests_subject(queue.policy),
+                durable=names.rollout_consumer,
+                stream=names.requests_stream(queue.policy),
+            )
         await self.rt.enter(WorkerState.SERVING)
         started = time.monotonic()
         try:
             while not (self.draining.is_set() or self.rt.stopping.is_set()):
-                await outage.retry(lambda: self._round(sub), what="serving requests")
+                await outage.retry(self._round, what="serving requests")
                 self._figures(time.monotonic() - started)
             await self._finish_drain()
         finally:
-            await sub.unsubscribe()
-            if self.weights is not None:
-                await self.weights.close()
+            for queue in self.queues.values():
+                await queue.sub.unsubscribe()
+                if queue.weights is not None:
+                    await queue.weights.close()
 
-    async def _round(self, sub: Any) -> None:
+    async def _round(self) -> None:
         """Newer weights if announced, then a batch of requests served. In a NATS outage a
         round fails and is tried again (`outage`): what it fetched and did not answer is
         not acknowledged, so it is delivered again, here or to another replica."""
         await self._refresh_weights()
-        await self._read_queue_depth(sub)
-        batch = await self._fetch(sub)
+        await self._read_queue_depth()
+        batch = await self._fetch()
         if batch:
             await self._serve(batch)
 
-    async def _fetch(self, sub: Any) -> list[Pending]:
+    async def _fetch(self) -> list[Pending]:
+        """Up to `max_batch` requests. One queue: wait on it. A shared pool: a quick look
+        into each queue in turn, the first one in turn rotating every round, until the batch
+        is full; if all were empty, wait on all of them at once."""
+        queues = list(self.queues.values())
+        if len(queues) == 1:
+            return await self._pull(queues[0], self.max_batch, WAIT_SECONDS)
+        self.rounds += 1
+        turn = self.rounds % len(queues)
+        batch: list[Pending] = []
+        for queue in queues[turn:] + queues[:turn]:
+            if len(batch) < self.max_batch:
+                batch += await self._pull(queue, self.max_batch - len(batch), LOOK_SECONDS)
+        if batch:
+            return batch
+        share = max(1, self.max_batch // len(queues))
+        waited = await asyncio.gather(*(self._pull(q, share, WAIT_SECONDS) for q in queues))
+        return [pending for got in waited for pending in got]
+
+    async def _pull(self, queue: Queue, room: int, timeout: float) -> list[Pending]:
         try:
-            msgs = await sub.fetch(self.max_batch, timeout=0.5)
+            msgs = await queue.sub.fetch(room, timeout=timeout)
         except (TimeoutError, nats.errors.TimeoutError, NotFoundError):
             return []
         batch = []
+        now = time.time()
         for msg in msgs:
-            pending = await self._parse(msg)
+            with contextlib.suppress(Exception):  # a figure: a message without metadata
+                queue.waits.append(max(0.0, now - msg.metadata.timestamp.timestamp()))
+            pending = await self._parse(msg, queue)
             if pending is not None:
                 batch.append(pending)
         return batch
 
-    async def _parse(self, msg: Msg) -> Pending | None:
+    async def _parse(self, msg: Msg, queue: Queue) -> Pending | None:
         try:
             request = GenerationRequest.model_validate_json(msg.data)
         except ValidationError as err:
             await self.rt.dead_letter(msg.subject, msg.data, f"malformed request: {err}")
             await msg.term()
             return None
-        if request.min_version > self.engine.version:
+        version = self._version(queue.policy)
+        if version is None or request.min_version > version:
             await msg.nak(delay=0.2)  # newer weights are on their way (`staleness`, `rounds`)
             return None
-        refusal = self._refusal(request)
+        refusal = self._refusal(request, queue.policy)
         if refusal is not None:
             log.warning("request %s refused: %s", request.id, refusal)
             await self._answer(request, GenerationResponse(id=request.id, pod=self.rt.pod,
-                weight_version=self.engine.version, prompt_tokens=request.prompt_tokens,
+                weight_version=version, prompt_tokens=request.prompt_tokens,
                 error=refusal))  # fmt: skip
             await msg.term()  # no replica can serve it: never redeliver
             return None
         return Pending(msg=msg, request=request, prompt=request.prompt_tokens)
 
-    def _refusal(self, request: GenerationRequest) -> str | None:
-        """Why the request's ids cannot be served by this model (the runner encoded them with
-        the policy's tokenizer, so this is a bug or a foreign id, never routine); else None."""
+    def _version(self, policy: str) -> int | None:
+        """The weight version `policy` is served with: the engine's for the worker's own
+        policy (None never: it started with weights), its source's for a pool's others."""
+        if policy == self.policy:
+            return self.engine.version
+        source = self.queues[policy].weights
+        return source.version if source is not None else None
+
+    def _refusal(self, request: GenerationRequest, policy: str) -> str | None:
+        """Why the request cannot be served here: asked of another policy than its queue's
+        (a shared pool's queues must not mix), or ids this model cannot take (the runner
+        encoded them with the policy's tokenizer, so a bug or a foreign id, never routine);
+        else None."""
+        if request.policy != policy:
+            return f"a request for policy {request.policy!r} in policy {policy}'s queue"
         ids = request.prompt_tokens
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             return f"prompt token ids outside the model's vocabulary [0, {self.vocab_size})"
@@ -193,16 +273,23 @@ class RolloutWorker:
         self.rt.figures["in_flight"] = self.in_flight  # heartbeats may be sent meanwhile
         started = time.monotonic()
         try:
-            for (temperature, max_new), group in _by_params(batch).items():
+            for (policy, temperature, max_new), group in _by_params(batch).items():
                 prompts = [p.prompt for p in group for _ in range(p.request.n)]
                 params = SamplingParams(
                     max_new_tokens=max_new, temperature=temperature, stop_token_ids=self._stops()
                 )
-                outputs = await asyncio.to_thread(self.engine.generate, prompts, params)
+                outputs = await asyncio.to_thread(self._generate, policy, prompts, params)
                 await self._reply(group, outputs)
         finally:
             self.in_flight = 0
             self.busy += time.monotonic() - started
+
+    def _generate(self, policy: str, prompts: list[list[int]], params: SamplingParams) -> Any:
+        """On a thread: a shared pool's engine switches to the policy's adapter first."""
+        if len(self.queues) > 1:
+            assert isinstance(self.engine, ServesAdapters)
+            self.engine.select_adapter(policy)
+        return self.engine.generate(prompts, params)
 
     def _stops(self) -> tuple[int, ...]:
         return self.stop_ids
@@ -223,13 +310,14 @@ class RolloutWorker:
             response = GenerationResponse(
                 id=pending.request.id,
                 pod=self.rt.pod,
-                weight_version=self.engine.version,
+                weight_version=self._version(pending.request.policy) or 0,
                 prompt_tokens=pending.prompt,
                 completions=completions,
             )
             await self._answer(pending.request, response)
             await pending.msg.ack()  # only now: a crash before this means redelivery
             self.served += 1
+            self.queues[pending.request.policy].served += 1
             self.tokens += sum(len(c.tokens) for c in completions)
 
     async def _answer(self, request: GenerationRequest, response: GenerationResponse) -> None:
@@ -237,16 +325,17 @@ class RolloutWorker:
         await self.rt.nc.flush()
 
     async def _refresh_weights(self) -> None:
-        if self.weights is None:
-            return
-        version = await self.weights.update(self.engine)
-        if version is not None:
-            sync = self.weights.figures()
-            log.info(
-                "serving weight version %d (synced in %.3fs, %s bytes, %s of the weights changed)",
-                version, sync.get("sync_seconds") or 0.0, sync.get("sync_bytes"),
-                _percent(sync.get("changed_fraction")),
-            )  # fmt: skip
+        for queue in self.queues.values():
+            if queue.weights is None:
+                continue
+            version = await queue.weights.update(self.engine)
+            if version is not None:
+                sync = queue.weights.figures()
+                log.info(
+                    "serving %s weight version %d (synced in %.3fs, %s bytes, %s of the "
+                    "weights changed)", queue.policy, version, sync.get("sync_seconds") or 0.0,
+                    sync.get("sync_bytes"), _percent(sync.get("changed_fraction")),
+                )  # fmt: skip
 
     def _figures(self, elapsed: float) -> None:
         self.rt.figures = {
@@ -258,16 +347,23 @@ class RolloutWorker:
             "queue_depth": self.queue_depth,
             **(self.weights.figures() if self.weights is not None else {}),
         }
+        if len(self.queues) > 1:
+            self.rt.figures["pool"] = {
+                q.policy: q.share(self._version(q.policy) or 0) for q in self.queues.values()
+            }
 
-    async def _read_queue_depth(self, sub: Any) -> None:
-        """Requests waiting for any replica (the consumer's pending count, what an
+    async def _read_queue_depth(self) -> None:
+        """Requests waiting for any replica (the consumers' pending counts, what an
         autoscaler scales on), read once per heartbeat period, not per fetch."""
         now = time.monotonic()
         if now - self.depth_read < QUEUE_DEPTH_SECONDS:
             return
         self.depth_read = now
-        with contextlib.suppress(Exception):  # a figure, not worth failing a fetch for
-            self.queue_depth = (await sub.consumer_info()).num_pending
+        for queue in self.queues.values():
+            with contextlib.suppress(Exception):  # a figure, not worth failing a fetch for
+                queue.depth = (await queue.sub.consumer_info()).num_pending
+        depths = [q.depth for q in self.queues.values() if q.depth is not None]
+        self.queue_depth = sum(depths) if depths else None
 
     async def _on_drain(self, msg: Msg) -> None:
         try:
@@ -299,10 +395,11 @@ class RolloutWorker:
             await self.rt.nc.flush()
 
 
-def _by_params(batch: list[Pending]) -> dict[tuple[float, int], list[Pending]]:
-    groups: dict[tuple[float, int], list[Pending]] = {}
+def _by_params(batch: list[Pending]) -> dict[tuple[str, float, int], list[Pending]]:
+    groups: dict[tuple[str, float, int], list[Pending]] = {}
     for pending in batch:
-        key = (pending.request.temperature, pending.request.max_new_tokens)
+        request = pending.request
+        key = (request.policy, request.temperature, request.max_new_tokens)
         groups.setdefault(key, []).append(pending)
     return groups
 

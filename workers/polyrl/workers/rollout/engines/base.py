@@ -121,16 +121,23 @@ class Engine(Protocol):
 
 @runtime_checkable
 class ServesAdapters(Protocol):
-    """An engine that serves a LoRA adapter on the base it holds (`trainer.lora.sync: adapter`).
+    """An engine that serves LoRA adapters on the base it holds (`trainer.lora.sync: adapter`).
 
-    The base is what `load_weights` last loaded (the trainer's frozen base); each adapter
-    version replaces the last, so the engine serves base + that adapter and nothing of the
-    ones before: after any number of versions it serves what a fresh engine given the base
-    and that one version would."""
+    The base is what `load_weights` last loaded (the trainer's frozen base). Adapters live in
+    named slots, one per policy the engine serves (a shared pool, `rollout.servedBy`, serves
+    several); each version loaded into a slot replaces the slot's last, so the engine serves
+    base + that adapter and nothing of the ones before: after any number of versions it
+    serves what a fresh engine given the base and that one version would. `generate` serves
+    the selected slot's adapter."""
 
-    def load_adapter(self, adapter: Adapter) -> None:
-        """Serve base + `adapter` from now on (ValueError if it adapts a weight the base
-        lacks, or one of another shape); `load_weights` afterwards serves a base alone."""
+    def load_adapter(self, adapter: Adapter, slot: str = "") -> None:
+        """Put `adapter` in `slot` (ValueError if it adapts a weight the base lacks, or one of
+        another shape); the first slot loaded is selected. `load_weights` afterwards serves
+        a base alone and empties every slot."""
+        ...
+
+    def select_adapter(self, slot: str) -> None:
+        """Serve `slot`'s adapter from the next `generate` on (ValueError if it is empty)."""
         ...
 
 

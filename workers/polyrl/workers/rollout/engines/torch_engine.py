@@ -73,6 +73,8 @@ class TorchEngine:
         self._base: dict[str, torch.Tensor] = {}
         self._adapted: set[str] = set()
         self._adapter: Adapter | None = None
+        self._slots: dict[str, Adapter] = {}  # one adapter per policy served
+        self._selected: str | None = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         base.check_prompts(prompts, self._vocab_size)
@@ -106,25 +108,41 @@ class TorchEngine:
             if self._host is not None:
                 _copy_into(self._host, state)
         self._base, self._adapted, self._adapter = {}, set(), None
+        self._slots, self._selected = {}, None
 
-    def load_adapter(self, adapter: Adapter) -> None:
-        """Serve base + `adapter`, merged on the fly into the weights the model computes with.
+    def load_adapter(self, adapter: Adapter, slot: str = "") -> None:
+        """Put `adapter` in `slot`; merged into the weights at once if the slot is selected
+        (or the first). See `select_adapter` for how it is served."""
+        self._check_fits(adapter)
+        self._slots[slot] = adapter
+        if self._selected in (None, slot):
+            self.select_adapter(slot)
+
+    def select_adapter(self, slot: str) -> None:
+        """Serve `slot`'s adapter, merged on the fly into the weights the model computes with.
 
         Merged rather than run beside the base: decoding costs what it costs without LoRA, and
-        the served model is exactly the merged one (`adapters.merge`, rounded to bf16
-        as the trainer's merged weights are). Every merge starts from the base, never
-        from the last merge, so no rounding accumulates over versions. The base is the host
+        the served model is exactly the merged one (`adapters.merge`, rounded to bf16 as the
+        trainer's merged weights are). Every merge starts from the base, never from the last
+        merge, so no rounding accumulates over versions or switches. The base is the host
         copy where the engine has one (bf16 weights on CPU: no memory added), else a copy of
-        the adapted weights taken at the first merge."""
+        the adapted weights taken at the first merge. A shared pool switches between its
+        policies' slots by merging again (what a switch costs: `polyrl bench engine`); an
+        unchanged selection costs nothing."""
+        adapter = self._slots.get(slot)
+        if adapter is None:
+            raise ValueError(f"no adapter in slot {slot!r}; loaded: {sorted(self._slots)}")
+        if self._selected == slot and self._adapter is adapter:
+            return
         merging = self._merge_bases(adapter)
         with torch.no_grad():
             for name in self._adapted - merging.keys():  # adapted before, not now: the base
                 self._live[name].copy_(self._base_of(name))
             for name, weight in merging.items():
                 self._live[name].copy_(adapter.merged(name, weight))
-        self._adapted, self._adapter = set(merging), adapter
+        self._adapted, self._adapter, self._selected = set(merging), adapter, slot
 
-    def _merge_bases(self, adapter: Adapter) -> dict[str, torch.Tensor]:
+    def _check_fits(self, adapter: Adapter) -> None:
         have = self._host if self._host is not None else self._live
         for name, (a, b) in adapter.pairs.items():
             if name not in have:
@@ -134,6 +152,9 @@ class TorchEngine:
                     f"{name}: the adapter makes {b.shape[0]}x{a.shape[1]}, "
                     f"the model has {list(have[name].shape)}"
                 )
+
+    def _merge_bases(self, adapter: Adapter) -> dict[str, torch.Tensor]:
+        for name in adapter.pairs:
             if self._host is None and name not in self._base:
                 self._base[name] = self._live[name].detach().clone()  # not merged yet
         return {name: self._base_of(name) for name in adapter.pairs}

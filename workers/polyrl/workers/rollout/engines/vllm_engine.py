@@ -33,11 +33,12 @@ What this file relies on, each a vLLM behaviour checked by the engine contract t
    this process, so the iterator and its tensors are passed by reference.
 6. `LLM.reset_prefix_cache()` drops cached KV blocks, which were computed with the old weights.
 
-7. With `max_lora_rank` the engine is built with `enable_lora=True` (`max_loras=1`) and
-   serves a LoRA adapter (`load_adapter`): each version is written as PEFT's two files and
-   loaded with `llm_engine.add_lora(LoRARequest(name, id, path))` under an id of its own (a
-   reused id would be served from vLLM's adapter cache), then every request goes with that
-   `LoRARequest`; the version before is dropped with `remove_lora`. The base is whatever the
+7. With `max_lora_rank` the engine is built with `enable_lora=True` (`max_loras`: one per
+   policy served) and serves LoRA adapters (`load_adapter`): each version is written as
+   PEFT's two files and loaded with `llm_engine.add_lora(LoRARequest(name, id, path))` under
+   an id of its own (a reused id would be served from vLLM's adapter cache), then every
+   request goes with its slot's `LoRARequest`; the slot's version before is dropped with
+   `remove_lora`. The base is whatever the
    engine was built from (the rollout worker builds it from the frozen base).
 
 Because vLLM's parameters are fused (and repacked), `weights()` is a host copy under the
@@ -92,6 +93,7 @@ class VllmEngine:
         dtype: str = "auto",
         enforce_eager: bool = True,
         max_lora_rank: int | None = None,
+        max_loras: int = 1,
         **llm_kwargs: Any,
     ) -> None:
         vllm = _import_vllm()
@@ -105,8 +107,10 @@ class VllmEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self._adapters: Path | None = None  # where adapter versions are written for vLLM
         self._lora: Any = None  # the LoRARequest every generation goes with, if any
+        self._slots: dict[str, Any] = {}  # each slot's current LoRARequest
+        self._serial = 0  # the last adapter id given out
         if max_lora_rank is not None:
-            llm_kwargs |= _lora_options(max_lora_rank)
+            llm_kwargs |= _lora_options(max_lora_rank, max_loras)
             self._adapters = Path(tempfile.mkdtemp(prefix="polyrl-vllm-adapters-"))
             weakref.finalize(self, shutil.rmtree, self._adapters, ignore_errors=True)
         if dtype == "auto" and isinstance(model, PreTrainedModel):
@@ -147,24 +151,33 @@ class VllmEngine:
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
         self._llm.reset_prefix_cache()
 
-    def load_adapter(self, adapter: Adapter) -> None:
-        """Serve base + `adapter`: written in PEFT's format, loaded now under a new id
-        (assumption 7), the one before removed, so vLLM holds one adapter at a time."""
+    def load_adapter(self, adapter: Adapter, slot: str = "") -> None:
+        """Put `adapter` in `slot`: written in PEFT's format, loaded now under a new id
+        (assumption 7), the slot's one before removed, so vLLM holds one adapter per slot."""
         if self._adapters is None:
             raise ValueError("this engine was built without max_lora_rank: it serves no adapter")
-        serial = 1 if self._lora is None else int(self._lora.lora_int_id) + 1
-        directory = self._adapters / f"adapter-{serial}"
+        self._serial += 1
+        directory = self._adapters / f"adapter-{self._serial}"
         adapter.save(directory)
         from vllm.lora.request import LoRARequest
 
-        request = LoRARequest(f"adapter-{serial}", serial, str(directory))
+        request = LoRARequest(f"adapter-{self._serial}", self._serial, str(directory))
         engine = self._llm.llm_engine
         if not engine.add_lora(request):
             raise RuntimeError(f"vLLM did not load the adapter in {directory}")
-        previous, self._lora = self._lora, request
+        previous, self._slots[slot] = self._slots.get(slot), request
+        if self._lora is None or self._lora is previous:
+            self._lora = request
         if previous is not None:
             engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def select_adapter(self, slot: str) -> None:
+        """Send the next generations with `slot`'s LoRARequest: vLLM holds every slot's
+        adapter at once (`max_loras`), so a switch costs nothing."""
+        if slot not in self._slots:
+            raise ValueError(f"no adapter in slot {slot!r}; loaded: {sorted(self._slots)}")
+        self._lora = self._slots[slot]
 
     def _sampling_params(self, params: SamplingParams, index: int) -> Any:
         seed = None if params.seed is None else (params.seed * _SEED_MIX + index) % 2**63
@@ -185,12 +198,12 @@ class VllmEngine:
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def _lora_options(rank: int) -> dict[str, Any]:
-    """`LLM` arguments for serving one adapter of rank `rank` at a time."""
+def _lora_options(rank: int, slots: int = 1) -> dict[str, Any]:
+    """`LLM` arguments for serving `slots` adapters of rank up to `rank` at once."""
     fitting = [r for r in _LORA_RANKS if r >= rank]
     if not fitting:
         raise ValueError(f"vLLM serves LoRA ranks up to {_LORA_RANKS[-1]}, not {rank}")
-    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": 1}
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": slots}
 
 
 def _import_vllm() -> Any:
