@@ -17,4 +17,5 @@ BENCHMARKS = {
     "pipeline": "polyrl.bench.pipeline",
     "dataplane": "polyrl.bench.dataplane",
     "tls": "polyrl.bench.tls",
+    "lora": "polyrl.bench.lora",
 }
