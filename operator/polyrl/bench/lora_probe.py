@@ -164,7 +164,7 @@ def _base_model(spec: dict[str, Any]) -> Any:
     with tempfile.TemporaryDirectory(prefix="polyrl-bench-lora-") as cache:
         source = ModelSource(path=spec["model"], dtype="bfloat16")
         model, _ = models.make_model(source, cache_dir=Path(cache))
-    return model.to(torch.bfloat16)
+    return torch.nn.Module.to(model, dtype=torch.bfloat16)
 
 
 def _adapter(model: Any, rank: int, *, seed: int) -> dict[str, Any]:
