@@ -13,8 +13,9 @@ job's last step (10), not in wall time, which varies with the machine's load:
 Each run's wall time, steps and step-time breakdown (waiting for generation, training,
 evaluation, weight publication) are printed, whatever the outcome. About 30 minutes on a
 2-core machine. The file's second test runs `examples/smollm2-solver-verifier.yaml`, two
-SmolLM2 policies together (about 17 minutes). Both: `make test-learning-smollm2`, never part
-of `make test`.
+SmolLM2 policies together (about 17 minutes), its third the same two as LoRA adapters on
+one shared rollout pool (`examples/smollm2-solver-verifier-lora.yaml`). All:
+`make test-learning-smollm2`, never part of `make test`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.learning_smollm2]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-arithmetic.yaml"
 TWO_POLICIES = EXAMPLE.with_name("smollm2-solver-verifier.yaml")
+TWO_ADAPTERS = EXAMPLE.with_name("smollm2-solver-verifier-lora.yaml")
 GAIN = 0.15
 CONTROL_GAIN = 0.03
 RUN_SECONDS = 30 * 60  # one run's ceiling: three times a quiet machine's, for loaded ones
@@ -164,6 +166,30 @@ def test_a_smollm2_solver_and_a_smollm2_verifier_train_20_steps_each_with_figure
     held-out figures at step 0 and 20. No learning claim for the verifier; the solver's
     figure must not fall (it rose 35-53 points in 10 steps alone)."""
     records, seconds = run(tmp_path / "sv", TWO_POLICIES)
+    both_trained(records, seconds)
+
+
+@pytest.mark.timeout(2 * RUN_SECONDS + 600)
+def test_the_smollm2_solver_and_verifier_train_as_adapters_on_one_shared_rollout_pool(
+    tmp_path: Path,
+) -> None:
+    """The LoRA solver-verifier example as written: both policies LoRA adapters on the one
+    base, served by the solver's pool alone (`rollout.servedBy`), 20 steps each with
+    held-out figures at both ends; only adapters go to the pool after the base."""
+    records, seconds = run(tmp_path / "svl", TWO_ADAPTERS)
+    both_trained(records, seconds)
+    logs = tmp_path / "svl" / "runs" / "smollm2-sv-lora" / "logs"
+    rollouts = sorted(log.name for log in logs.glob("*-rollout-*.log"))
+    assert len(rollouts) == 1, rollouts  # the solver's pool, serving both
+    assert "serving verifier beside solver" in (logs / rollouts[0]).read_text()
+    kinds = {r["published_kind"] for r in records if "published_kind" in r}
+    assert kinds, "no published versions in metrics.jsonl"
+    assert all(set(k.split("+")) <= {"adapter", "adapter-delta"} for k in kinds), kinds
+
+
+def both_trained(records: list[dict[str, Any]], seconds: float) -> None:
+    """Both policies trained 20 steps and were evaluated at step 0 and 20; the solver's
+    figure did not fall. Prints the figures, whatever the outcome."""
     solver = figures(records, "solver", ("accuracy",))
     verifier = figures(
         records, "verifier", ("balanced_accuracy", "answers_balanced_accuracy", "held_out")

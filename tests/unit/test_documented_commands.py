@@ -25,6 +25,9 @@ SMOLLM2 = "test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuf
 SMOLLM2_SV = (
     "test_a_smollm2_solver_and_a_smollm2_verifier_train_20_steps_each_with_figures_at_both_ends"
 )
+SMOLLM2_SV_LORA = (
+    "test_the_smollm2_solver_and_verifier_train_as_adapters_on_one_shared_rollout_pool"
+)
 
 BY_SECTION = {
     ("README.md", "On a cluster"): CLUSTER_PATH,
@@ -53,6 +56,9 @@ BY_COMMAND = {
     # Run as written by `make test-learning-smollm2` (its seed-0 run).
     "polyrl run examples/smollm2-arithmetic.yaml --run-dir runs/smollm2": SMOLLM2,
     "polyrl run examples/smollm2-solver-verifier.yaml --run-dir runs/smollm2-sv": SMOLLM2_SV,
+    "polyrl run examples/smollm2-solver-verifier-lora.yaml --run-dir runs/smollm2-sv-lora": (
+        SMOLLM2_SV_LORA
+    ),
 }
 
 
