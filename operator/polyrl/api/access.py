@@ -15,7 +15,7 @@ read by another job's workers.
 
 | role | publishes | reads |
 |---|---|---|
-| rollout (policy p) | responses to the runners' reply subjects; drained notices; its heartbeat; dead letters | p's requests (work queue); p's announcements and weights; its drain subject |
+| rollout (policy p) | responses to the runners' reply subjects; drained notices; its heartbeat; dead letters | p's requests (work queue); p's announcements and weights; its drain subject; the same for each policy p's pool serves (`rollout.servedBy: p`) |
 | trainer (policy p) | p's announcements; p's weights bucket (put, prune, bound); its heartbeat; dead letters | p's trajectories; the job's heartbeats; every weights bucket of the job (bundles, handoffs) |
 | workflow runner | every policy's requests and trajectories; its heartbeat; dead letters | replies to it; the job's heartbeats; every policy's announcements, weights buckets and trajectory consumer |
 | admin (operator, `polyrl run`) | everything in the account | everything |
@@ -93,18 +93,18 @@ def _common(names: JobNames, role: Role, policy: str | None) -> Grant:
     )
 
 
-def _rollout(names: JobNames, policy: str) -> Grant:
-    return Grant(
-        publish=[
-            f"{names.prefix}.replies.*",
-            names.eval_replies_subject(policy),
-            names.drained_subject(policy, "*"),
-            *read_stream(names.requests_stream(policy)),
-            *read_stream(names.weights_stream(policy)),
-            *read_stream(_obj(names.weights_bucket(policy))),
-        ],
-        subscribe=[names.drain_subject(policy, "*"), names.weights_subject(policy)],
-    )
+def _rollout(names: JobNames, policy: str, served: Sequence[str]) -> Grant:
+    publish = [f"{names.prefix}.replies.*", names.drained_subject(policy, "*")]
+    subscribe = [names.drain_subject(policy, "*")]
+    for p in (policy, *served):  # a shared pool serves `served` beside its own policy
+        publish += [
+            names.eval_replies_subject(p),
+            *read_stream(names.requests_stream(p)),
+            *read_stream(names.weights_stream(p)),
+            *read_stream(_obj(names.weights_bucket(p))),
+        ]
+        subscribe.append(names.weights_subject(p))
+    return Grant(publish=publish, subscribe=subscribe)
 
 
 def _trainer(names: JobNames, policy: str, policies: Sequence[str]) -> Grant:
@@ -142,16 +142,26 @@ def _workflow(names: JobNames, policies: Sequence[str]) -> Grant:
     return Grant(publish=publish, subscribe=subscribe)
 
 
-def grant(names: JobNames, role: Role, policy: str | None, policies: Sequence[str]) -> Grant:
+def grant(
+    names: JobNames,
+    role: Role,
+    policy: str | None,
+    policies: Sequence[str],
+    *,
+    served: Sequence[str] = (),
+) -> Grant:
     """The permissions of `role` (for `policy`, where the role has one) in the job `names`
-    whose policies are `policies`."""
+    whose policies are `policies`; a rollout pool's also cover the other policies it serves
+    (`served`: those with `rollout.servedBy: policy`)."""
     if role in (Role.ROLLOUT, Role.TRAINER) and policy not in policies:
         raise ValueError(
             f"a {role} needs one of the job's policies {list(policies)}, not {policy!r}"
         )
+    if strangers := [p for p in served if p not in policies or p == policy]:
+        raise ValueError(f"a pool of {policy!r} cannot serve {strangers}")
     match role:
         case Role.ROLLOUT:
-            own = _rollout(names, str(policy))
+            own = _rollout(names, str(policy), served)
         case Role.TRAINER:
             own = _trainer(names, str(policy), policies)
         case Role.WORKFLOW:

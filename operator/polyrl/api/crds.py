@@ -257,6 +257,7 @@ def policygroup_crd() -> dict[str, Any]:
         _col("Phase", ".status.phase"),
         _col("Ready", ".status.readyReplicas", "integer", "Ready rollout pods"),
         _col("Desired", ".spec.rollout.replicas", "integer", "Desired rollout pods"),
+        _col("Served-By", ".status.servedBy", description="The policy whose pool serves it"),
         _col("Version", ".status.weightVersion", "integer", "Weight version served"),
         _col("Step", ".status.step", "integer", "Trainer step (a group with the trainer)"),
         _col("Progress", ".status.progress", description="Trainer steps done of the budget"),

@@ -127,7 +127,8 @@ def group_launches(
     nats_url: str,
     entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS,
 ) -> list[WorkerLaunch]:
-    """A group's trainer launches (if it has a trainer) and its rollout launches."""
+    """A group's trainer launches (if it has a trainer) and its rollout launches (none for
+    a policy another policy's pool serves: `rollout.servedBy`)."""
     launches = []
     trainer = group.spec.trainer
     if trainer is not None:
@@ -135,6 +136,8 @@ def group_launches(
             _trainer(job, group, policy, trainer, i, nats_url, entrypoints)
             for i in range(trainer.replicas)
         ]
+    if policy.rollout.served_by is not None:  # another policy's pool serves it
+        return launches
     template = rollout_template(job, group, policy, nats_url=nats_url, entrypoints=entrypoints)
     launches += [
         template.with_replica(i, naming.rollout_pod(group.metadata.name, i))

@@ -129,6 +129,11 @@ class PolicyGroupStatus(_Lifecycle, _Flow):
         "",
         description="Label selector of the active rollout pods (for the scale subresource and HPAs).",
     )
+    served_by: str | None = Field(
+        None,
+        description="The policy whose rollout pool serves this one (rollout.servedBy): this "
+        "group has no rollout pods; that policy's PolicyGroup holds and scales the pool.",
+    )
     trainer_pods: int = Field(0, ge=0, description="Running trainer pods.")
     trainer_ready_pods: int = Field(
         0,

@@ -102,7 +102,10 @@ class LocalRun:
 
     def _user(self, launch: WorkerLaunch) -> str:
         """A creds file for `launch`'s role and policy, as the operator signs for a pod."""
-        grant = access.grant(self.names, launch.role, launch.policy, self.policies)
+        served: list[str] = []
+        if launch.role == Role.ROLLOUT and launch.policy is not None:
+            served = self.job.spec.served_in_pool(launch.policy)[1:]
+        grant = access.grant(self.names, launch.role, launch.policy, self.policies, served=served)
         return self.trust.signer.user_creds(launch.name, grant)
 
     def _spawn(self, launch: WorkerLaunch) -> None:

@@ -29,6 +29,8 @@ def _heartbeat_figures(p: GroupReconcile) -> None:
     serving = [hb for hb in mine if hb.role == Role.ROLLOUT.value and hb.pod in running]
     if versions := [hb.weight_version for hb in serving if WorkerState(hb.state).is_ready()]:
         p.status.weight_version = min(versions)
+    if versions := _served_versions(p):
+        p.status.weight_version = min(versions)
     trainers = [hb for hb in mine if hb.role == Role.TRAINER.value]
     done = [hb.weight_version for hb in trainers if hb.state == WorkerState.DONE]
     if done:  # the final version, whether or not the rollouts got to it before they stopped
@@ -44,6 +46,25 @@ def _heartbeat_figures(p: GroupReconcile) -> None:
     for key, value in flow.group_figures(mine, running).items():
         setattr(p.status, key, value)
     _progress(p)
+
+
+def _served_versions(p: GroupReconcile) -> list[int]:
+    """The versions the serving pool's ready replicas serve this group's policy at, from
+    their heartbeats' per-policy figures (`Heartbeat.pool`), for a group served by another
+    policy's pool."""
+    if p.status.served_by is None or p.job is None:
+        return []
+    channel = p.ctx.hub.channel(p.namespace, p.job.metadata.name)
+    beats = channel.heartbeats.values() if channel is not None else []
+    policy = p.group.spec.policy
+    return [
+        hb.pool[policy].weight_version
+        for hb in beats
+        if hb.policy == p.status.served_by
+        and hb.pool is not None
+        and policy in hb.pool
+        and WorkerState(hb.state).is_ready()
+    ]
 
 
 def _progress(p: GroupReconcile) -> None:
@@ -73,7 +94,11 @@ def _phase_and_ready(p: GroupReconcile) -> None:
     trainer_ok = p.group.spec.trainer is None or (
         trainer is not None and trainer.reason in ("Running", "Completed")
     )
-    serving = p.status.ready_replicas > 0 or p.group.spec.rollout.replicas == 0
+    serving = (
+        p.status.ready_replicas > 0
+        or p.group.spec.rollout.replicas == 0
+        or p.status.served_by is not None  # its pool is another group's
+    )
     started = p.group.status.phase == Phase.RUNNING
     p.status.phase = Phase.RUNNING if started or (trainer_ok and serving) else Phase.PENDING
     ok = trainer_ok and rollouts_ok

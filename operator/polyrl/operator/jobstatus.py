@@ -64,7 +64,9 @@ def _policy_status(
     trainer_ready = trainer is not None and trainer.reason in ("Running", "Completed")
     # Groups without a ready rollout would drag the figure to 0; once none is ready (the job
     # ended), the job's own group says what it last served, or the trainer's final version.
-    ready = [g.status.weight_version for g in mine if g.status.ready_replicas > 0]
+    ready = [
+        g.status.weight_version for g in mine if g.status.ready_replicas > 0 or g.status.served_by
+    ]
     completed = owned is not None and owned.status.trainer_completed
     own_version = owned.status.weight_version if owned else 0
     return PolicyStatus(
@@ -76,7 +78,8 @@ def _policy_status(
         held_out=owned.status.held_out if owned else None,
         weight_version=own_version if completed or not ready else min(ready),
         ready_rollouts=sum(g.status.ready_replicas for g in mine),
-        desired_rollouts=sum(g.spec.rollout.replicas for g in mine),
+        # A policy another's pool serves (`rollout.servedBy`) wants no pods of its own.
+        desired_rollouts=sum(g.spec.rollout.replicas for g in mine if not g.status.served_by),
         trainer_ready=trainer_ready,
         completed=completed,
         output=plan.checkpoint_output(job, policy),

@@ -59,10 +59,13 @@ def secret_for(job: RLJob, settings: OperatorSettings) -> str | None:
 
 
 def users(job: RLJob) -> Iterator[tuple[Role, str | None]]:
+    """Every NATS user the job's pods connect as; none for the rollout pods a policy served
+    by another policy's pool does not have."""
     yield Role.WORKFLOW, None
     for policy in job.spec.policies:
         yield Role.TRAINER, policy.name
-        yield Role.ROLLOUT, policy.name
+        if policy.rollout.served_by is None:
+            yield Role.ROLLOUT, policy.name
 
 
 def signer_from(data: dict[str, str], where: str) -> natsjwt.Signer:
@@ -87,7 +90,8 @@ def signed(
     policies = [p.name for p in job.spec.policies]
     data = {}
     for role, policy in wanted:
-        grant = access.grant(names, role, policy, policies)
+        served = job.spec.served_in_pool(policy)[1:] if role == Role.ROLLOUT and policy else []
+        grant = access.grant(names, role, policy, policies, served=served)
         name = (
             f"{names.namespace}/{names.job}/{access.creds_key(role, policy).removesuffix('.creds')}"
         )

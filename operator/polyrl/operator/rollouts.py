@@ -32,7 +32,7 @@ async def run(p: GroupReconcile, launches: list[WorkerLaunch]) -> None:
     await _replace_terminal(p, [x for x in pods if x.terminal and not x.deleting])
     await _finish_drains(p, [x for x in pods if x.draining and not x.deleting and not x.terminal])
     active = [x for x in pods if x.active]
-    desired = p.group.spec.rollout.replicas
+    desired = _desired(p)
     if len(active) > desired:
         for victim in scaling.victims(active, len(active) - desired):
             await _start_drain(p, victim, "ScaledDown")
@@ -42,6 +42,17 @@ async def run(p: GroupReconcile, launches: list[WorkerLaunch]) -> None:
     else:
         await _roll_one(p, template, active, pods)
     _rollout_status(p, [x for x in active if x.name not in p.leaving])
+
+
+def served_by(p: GroupReconcile) -> str | None:
+    """The policy whose rollout pool serves this group's policy (`rollout.servedBy`, as the
+    job says), or None: the group then has no rollout pods whatever its replicas."""
+    policy = p.job.spec.policy(p.group.spec.policy) if p.job is not None else None
+    return policy.rollout.served_by if policy is not None else None
+
+
+def _desired(p: GroupReconcile) -> int:
+    return 0 if served_by(p) else p.group.spec.rollout.replicas
 
 
 def _template(p: GroupReconcile) -> WorkerLaunch:
@@ -153,12 +164,23 @@ async def _finish_drains(p: GroupReconcile, pods: list[PodInfo]) -> None:
 
 
 def _rollout_status(p: GroupReconcile, active: list[PodInfo]) -> None:
-    desired = p.group.spec.rollout.replicas
+    desired = _desired(p)
     p.status.replicas = len(active) + p.created
     p.status.ready_replicas = sum(1 for x in active if x.ready)
     p.status.selector = naming.active_rollout_selector(p.name)
+    p.status.served_by = served_by(p)
     problem = next((x.problem for x in active if x.problem), None)
-    if problem is not None:
+    if p.status.served_by is not None:
+        pool = naming.policy_group(p.group.spec.job_ref, p.status.served_by)
+        scaled = p.group.spec.rollout.replicas
+        p.condition(
+            ConditionType.ROLLOUTS_READY,
+            True,
+            "ServedByPool",
+            f"served by policy {p.status.served_by}'s rollout pool: scale PolicyGroup {pool}"
+            + (f" (replicas {scaled} here start nothing)" if scaled else ""),
+        )
+    elif problem is not None:
         p.condition(
             ConditionType.ROLLOUTS_READY,
             False,
@@ -180,7 +202,7 @@ def _rollout_status(p: GroupReconcile, active: list[PodInfo]) -> None:
 
 def ok_to_reset(p: GroupReconcile) -> bool:
     """Failures are forgotten once every pod has been ready for 30 s since the last one."""
-    desired = p.group.spec.rollout.replicas
+    desired = _desired(p)
     trainer = find_condition(p.status.conditions, ConditionType.TRAINER_HEALTHY)
     if trainer is not None and trainer.status != ConditionStatus.TRUE:
         return False

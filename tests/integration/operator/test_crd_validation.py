@@ -128,6 +128,17 @@ def test_a_valid_job_is_accepted_and_defaulted(
             ),
             'Unsupported value: "judge"',
         ),
+        (
+            job(spec__policies__1__rollout={"servedBy": "judge"}),
+            "rollout.servedBy must name another policy of the job",
+        ),
+        (
+            job(
+                spec__policies__0__rollout={"servedBy": "verifier"},
+                spec__policies__1__rollout={"servedBy": "solver"},
+            ),
+            "rollout.servedBy must name another policy of the job",
+        ),
     ],
     ids=[
         "replicas-outside-bounds",
@@ -145,6 +156,8 @@ def test_a_valid_job_is_accepted_and_defaulted(
         "verifier-without-candidate",
         "verifier-answer-without-verdict",
         "verifier-role-outside-enum",
+        "served-by-a-missing-policy",
+        "served-by-a-served-policy",
     ],
 )
 def test_bad_manifests_are_rejected_with_a_readable_message(

@@ -279,6 +279,42 @@ def test_a_second_group_adds_capacity_in_another_region_without_a_trainer(
     )
 
 
+def test_a_policy_served_by_another_policys_pool_has_no_rollout_pods_and_says_which_pool(
+    kubectl: Kubectl, ns: str
+) -> None:
+    doc = job_doc("shared")
+    lora = {"lora": {"rank": 4}}
+    doc["spec"]["policies"][0]["trainer"] = lora
+    doc["spec"]["policies"].append(
+        {"name": "verifier", "model": {"path": "tiny-llama://s"}, "trainer": lora,
+         "rollout": {"replicas": 2, "servedBy": "solver"}}
+    )  # fmt: skip
+    apply(kubectl, ns, doc)
+    wait_running(kubectl, ns, SOLVER.format(job="shared", role="rollout"), 1)
+    wait_running(kubectl, ns, "polyrl.dev/policy-group=shared-verifier", 1)  # its trainer
+    pg = wait_condition(kubectl, ns, "pg", "shared-verifier", "RolloutsReady", "ServedByPool")
+    assert pg["status"]["servedBy"] == "solver"
+    assert "scale PolicyGroup shared-solver" in json.dumps(pg["status"]["conditions"])
+    roles = [p["metadata"]["labels"]["polyrl.dev/role"]
+             for p in live(pods(kubectl, ns, "polyrl.dev/policy-group=shared-verifier"))]  # fmt: skip
+    assert roles == ["trainer"]
+    wait_until(  # the pool's one pod is every rollout the job wants
+        "the job counting 1 rollout",
+        lambda: get(kubectl, ns, "rlj", "shared").get("status", {}).get("rollouts") == "1/1",
+    )
+    kubectl("scale", "pg", "shared-verifier", "-n", ns, "--replicas=3")
+    wait_until(
+        "the condition saying the replicas start nothing",
+        lambda: (
+            "start nothing"
+            in json.dumps(get(kubectl, ns, "pg", "shared-verifier")["status"]["conditions"])
+            and "replicas 3" in json.dumps(get(kubectl, ns, "pg", "shared-verifier")["status"])
+        ),
+    )
+    time.sleep(2)  # a pass that would create pods has had time to
+    assert len(live(pods(kubectl, ns, "polyrl.dev/policy-group=shared-verifier"))) == 1
+
+
 def test_a_group_naming_a_missing_job_or_policy_gets_a_condition_and_no_pods(
     kubectl: Kubectl, ns: str
 ) -> None:

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 A = JobNames(namespace="team-a", job="math")
 B = JobNames(namespace="team-b", job="chat")
-POLICIES = ["solver", "verifier"]
+POLICIES = ["solver", "verifier", "judge"]
 REFUSAL_WAIT = 3.0
 
 
@@ -52,8 +52,10 @@ class Cluster:
     tmp: Path
     users: list[User] = field(default_factory=list)
 
-    async def user(self, names: JobNames, role: Role, policy: str | None) -> User:
-        grant = access.grant(names, role, policy, POLICIES)
+    async def user(
+        self, names: JobNames, role: Role, policy: str | None, served: tuple[str, ...] = ()
+    ) -> User:
+        grant = access.grant(names, role, policy, POLICIES, served=served)
         creds = self.tmp / f"{names.job}-{role}-{policy}.creds"
         creds.write_text(self.trust.signer.user_creds(f"{names.job}-{role}", grant))
         user = User(nc=None)  # type: ignore[arg-type]
@@ -164,6 +166,52 @@ async def test_a_rollout_user_is_refused_everything_outside_its_policys_requests
     assert len(await sub.fetch(1, timeout=5)) == 1
     await js.object_store(a_weights)
     assert rollout.violations() == len(attempts)  # one each, and nothing else refused
+
+
+async def test_a_shared_pools_user_reads_exactly_its_policies_requests_and_weights(
+    cluster: Cluster,
+) -> None:
+    """`rollout.servedBy: solver` on the verifier: the solver's rollout user serves both,
+    and still nothing of the third policy's."""
+    pool = await cluster.user(A, Role.ROLLOUT, "solver", served=("verifier",))
+    js = pool.nc.jetstream()
+    attempts: dict[str, Callable[[], Awaitable[object]]] = {
+        "read the third policy's requests": lambda: js.add_consumer(
+            A.requests_stream("judge"), ConsumerConfig(durable_name="spy")
+        ),
+        "open the third policy's weights bucket": lambda: js.object_store(
+            A.weights_bucket("judge")
+        ),
+        "hear the third policy's announcements": lambda: pool.nc.subscribe(
+            A.weights_subject("judge")
+        ),
+        "write the served policy's weights bucket": lambda: pool.nc.publish(
+            f"$O.{A.weights_bucket('verifier')}.C.forged", b"x"
+        ),
+        "read job B's served policy's requests": lambda: js.add_consumer(
+            B.requests_stream("verifier"), ConsumerConfig(durable_name="spy")
+        ),
+    }
+    table = {what: await refused(pool, attempt) for what, attempt in attempts.items()}
+    print_table("shared pool of team-a/math solver, serving verifier", table)
+    assert all(table.values()), [what for what, ok in table.items() if not ok]
+    for policy in ("solver", "verifier"):  # what it is for: both queues and both buckets
+        await cluster.admin.jetstream().publish(A.requests_subject(policy), b"{}")
+        sub = await js.pull_subscribe(
+            A.requests_subject(policy), durable="rollout", stream=A.requests_stream(policy)
+        )
+        assert len(await sub.fetch(1, timeout=5)) == 1, policy
+        await js.object_store(A.weights_bucket(policy))
+        await pool.nc.subscribe(A.weights_subject(policy))
+    await pool.nc.flush()
+    alone = await cluster.user(A, Role.ROLLOUT, "judge")
+    assert await refused(
+        alone,
+        lambda: alone.nc.jetstream().add_consumer(
+            A.requests_stream("verifier"), ConsumerConfig(durable_name="spy")
+        ),
+    )
+    assert pool.violations() == len(attempts)  # one each, and nothing else refused
 
 
 async def test_a_trainer_user_writes_only_its_own_policys_weights(cluster: Cluster) -> None:

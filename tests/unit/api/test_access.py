@@ -108,3 +108,18 @@ def test_a_trainer_asks_only_its_own_pool_and_hears_only_its_own_answers() -> No
     assert JOB.eval_replies_subject("verifier") not in rollout
     workflow = access.grant(JOB, Role.WORKFLOW, None, POLICIES).subscribe
     assert not any(s.endswith("eval-replies") for s in workflow)  # not the runners' replies
+
+
+def test_a_shared_pools_grant_covers_exactly_the_policies_it_serves() -> None:
+    pool = access.grant(JOB, Role.ROLLOUT, "solver", POLICIES, served=["verifier"])
+    alone = access.grant(JOB, Role.ROLLOUT, "solver", POLICIES)
+    for policy in ("solver", "verifier"):
+        assert f"$JS.API.CONSUMER.MSG.NEXT.{JOB.requests_stream(policy)}.>" in pool.publish
+        assert JOB.weights_subject(policy) in pool.subscribe
+        assert JOB.eval_replies_subject(policy) in pool.publish
+    assert JOB.weights_subject("verifier") not in alone.subscribe
+    assert not any("verifier" in s for s in alone.publish + alone.subscribe)
+    with pytest.raises(ValueError, match="cannot serve"):
+        access.grant(JOB, Role.ROLLOUT, "solver", POLICIES, served=["solver"])
+    with pytest.raises(ValueError, match="cannot serve"):
+        access.grant(JOB, Role.ROLLOUT, "solver", POLICIES, served=["judge"])

@@ -205,3 +205,56 @@ def test_a_policy_can_name_its_own_checkpoint_claim() -> None:
     verifier = next(x for x in launches if x.name == "math-verifier-trainer-0")
     assert verifier.checkpoint_claim == "models"
     assert plan.checkpoint_output(named, named.spec.policies[1]).startswith("pvc://models/")
+
+
+def shared_pool_job() -> RLJob:
+    lora = {"rank": 4}
+    return RLJob.model_validate(
+        {
+            "metadata": {"name": "math", "namespace": "team"},
+            "spec": {
+                "policies": [
+                    {"name": "solver", "model": {"path": "tiny-llama://s"},
+                     "trainer": {"lora": lora}, "rollout": {"replicas": 2}},
+                    {"name": "verifier", "model": {"path": "tiny-llama://s"},
+                     "trainer": {"lora": lora},
+                     "rollout": {"replicas": 3, "servedBy": "solver"}},
+                ]
+            },
+        }
+    )  # fmt: skip
+
+
+def test_a_policy_served_by_another_policys_pool_gets_a_trainer_and_no_rollout_pods() -> None:
+    names = [launch.name for launch in plan.plan(shared_pool_job(), nats_url=URL).launches]
+    assert names == [
+        "math-solver-trainer-0",
+        "math-solver-rollout-0",
+        "math-solver-rollout-1",
+        "math-verifier-trainer-0",
+        "math-workflow-0",
+    ]
+    groups = plan.plan(shared_pool_job(), nats_url=URL).policy_groups
+    assert groups[1].spec.rollout.served_by == "solver"  # what its status will name
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda p: p[1]["rollout"].update(servedBy="judge"), "is not another policy"),
+        (lambda p: p[1]["rollout"].update(servedBy="verifier"), "is not another policy"),
+        (lambda p: p[0]["rollout"].update(servedBy="verifier"), "is itself served by"),
+        (lambda p: p[0]["trainer"].pop("lora"), "policy solver needs trainer.lora"),
+        (lambda p: p[1]["trainer"].update(lora={"rank": 4, "sync": "merged"}), "sync: adapter"),
+        (lambda p: p[0]["model"].update(path="tiny-llama://other"), "holds one base model"),
+        (lambda p: p[0]["model"].update(dtype="float32"), "model.dtype"),
+    ],
+    ids=["missing", "itself", "chain", "no-lora", "merged", "other-model", "other-dtype"],
+)
+def test_a_servedby_one_engine_cannot_serve_is_refused_naming_why(
+    change: Any, message: str
+) -> None:
+    doc = shared_pool_job().model_dump(by_alias=True, exclude_none=True)
+    change(doc["spec"]["policies"])
+    with pytest.raises(ValidationError, match=message):
+        RLJob.model_validate(doc)
