@@ -442,15 +442,17 @@ _OWN_STEPS_MESSAGE = (
     "a policy's trainer.steps needs algorithm.mode async: sync mode's rounds wait for every policy"
 )
 _SERVED_BY_MESSAGE = (
-    "rollout.servedBy must name another policy of the job that has no servedBy itself"
+    "rollout.servedBy must name another policy of the job that has no servedBy itself, "
+    "and both policies need trainer.lora"
 )
-# The API server checks names only (a rule comparing model paths too costs more than CEL's
-# budget allows over 16 policies); the spec model refuses the rest (`_check_served_by`),
-# which `polyrl run` says before start and the operator as the job's condition.
+# The API server checks names and that both train adapters (presence tests cost little); a
+# rule comparing model paths too costs more than CEL's budget allows over 16 policies, so
+# the spec model refuses the rest (`_check_served_by`), which `polyrl run` says before start
+# and the operator as the job's condition.
 _SERVED_BY_RULE = (
-    "self.policies.all(p, !has(p.rollout.servedBy) || "
+    "self.policies.all(p, !has(p.rollout.servedBy) || (has(p.trainer.lora) && "
     "self.policies.exists(q, q.name == p.rollout.servedBy && q.name != p.name && "
-    "!has(q.rollout.servedBy)))"
+    "!has(q.rollout.servedBy) && has(q.trainer.lora))))"
 )
 
 

@@ -56,6 +56,27 @@ def job(**changes: Any) -> dict[str, Any]:
     return doc
 
 
+SERVED_BY = "rollout.servedBy must name another policy of the job"
+
+
+def lora_job(
+    lora: tuple[str, ...] = ("solver", "verifier", "judge"), **served_by: str
+) -> dict[str, Any]:
+    """Three policies on one base, those in `lora` training adapters, each policy named
+    as a keyword served by the policy it names (`rollout.servedBy`)."""
+    doc = copy.deepcopy(GOOD)
+    doc["spec"]["policies"] = [
+        {
+            "name": name,
+            "model": {"path": "tiny-llama://base"},
+            "trainer": {"lora": {"rank": 4}} if name in lora else {},
+            "rollout": {"servedBy": served_by[name]} if name in served_by else {},
+        }
+        for name in ("solver", "verifier", "judge")
+    ]
+    return doc
+
+
 def test_a_valid_job_is_accepted_and_defaulted(
     kubectl: Kubectl, crds_applied: None, namespace: str
 ) -> None:
@@ -69,6 +90,15 @@ def test_a_valid_job_is_accepted_and_defaulted(
     assert (
         "rljob.polyrl.dev/valid" in kubectl("get", "polyrl", "-n", namespace, "-o", "name").stdout
     )
+
+
+def test_a_shared_pool_of_two_lora_policies_is_accepted(
+    kubectl: Kubectl, crds_applied: None, namespace: str
+) -> None:
+    doc = lora_job(verifier="solver", judge="solver")
+    proc = apply(kubectl, namespace, doc)
+    assert proc.returncode == 0, proc.stderr
+    RLJob.model_validate({**doc, "metadata": {"name": "valid", "namespace": "x"}})
 
 
 @pytest.mark.parametrize(
@@ -128,17 +158,12 @@ def test_a_valid_job_is_accepted_and_defaulted(
             ),
             'Unsupported value: "judge"',
         ),
-        (
-            job(spec__policies__1__rollout={"servedBy": "judge"}),
-            "rollout.servedBy must name another policy of the job",
-        ),
-        (
-            job(
-                spec__policies__0__rollout={"servedBy": "verifier"},
-                spec__policies__1__rollout={"servedBy": "solver"},
-            ),
-            "rollout.servedBy must name another policy of the job",
-        ),
+        (lora_job(verifier="critic"), SERVED_BY),
+        (lora_job(verifier="verifier"), SERVED_BY),
+        (lora_job(verifier="solver", judge="verifier"), SERVED_BY),
+        (lora_job(solver="verifier", verifier="solver"), SERVED_BY),
+        (lora_job(lora=("verifier", "judge"), verifier="solver"), SERVED_BY),
+        (lora_job(lora=("solver", "judge"), verifier="solver"), SERVED_BY),
     ],
     ids=[
         "replicas-outside-bounds",
@@ -157,7 +182,11 @@ def test_a_valid_job_is_accepted_and_defaulted(
         "verifier-answer-without-verdict",
         "verifier-role-outside-enum",
         "served-by-a-missing-policy",
-        "served-by-a-served-policy",
+        "served-by-itself",
+        "served-by-a-served-policy-chain",
+        "served-by-each-other",
+        "served-by-a-policy-without-lora",
+        "served-without-lora-itself",
     ],
 )
 def test_bad_manifests_are_rejected_with_a_readable_message(
