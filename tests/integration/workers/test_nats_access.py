@@ -204,14 +204,20 @@ async def test_a_shared_pools_user_reads_exactly_its_policies_requests_and_weigh
         await js.object_store(A.weights_bucket(policy))
         await pool.nc.subscribe(A.weights_subject(policy))
     await pool.nc.flush()
-    alone = await cluster.user(A, Role.ROLLOUT, "judge")
-    assert await refused(
-        alone,
-        lambda: alone.nc.jetstream().add_consumer(
+    assert pool.violations() == len(attempts)  # one each, and nothing else refused
+    alone = await cluster.user(A, Role.ROLLOUT, "judge")  # a pool that serves nobody else
+    ajs = alone.nc.jetstream()
+    theirs: dict[str, Callable[[], Awaitable[object]]] = {
+        "read the verifier's requests": lambda: ajs.add_consumer(
             A.requests_stream("verifier"), ConsumerConfig(durable_name="spy")
         ),
-    )
-    assert pool.violations() == len(attempts)  # one each, and nothing else refused
+        "open the verifier's weights bucket": lambda: ajs.object_store(
+            A.weights_bucket("verifier")
+        ),
+    }
+    table = {what: await refused(alone, attempt) for what, attempt in theirs.items()}
+    print_table("rollout of team-a/math judge, serving only itself", table)
+    assert all(table.values()), [what for what, ok in table.items() if not ok]
 
 
 async def test_a_trainer_user_writes_only_its_own_policys_weights(cluster: Cluster) -> None:
