@@ -240,6 +240,8 @@ class NatsHub:
                 self.wake(namespace, beat.pod)  # a worker that starts, drains or is done
             elif _figures(before) != _figures(beat):
                 self.wake(namespace, beat.pod, progress=True)  # status shows it soon
+                for pod in _served_pods(channel, beat):  # a shared pool's news is theirs too
+                    self.wake(namespace, pod, progress=True)
 
     def channel(self, namespace: str, job: str) -> JobChannel | None:
         return self.channels.get((namespace, job))
@@ -279,4 +281,12 @@ class NatsHub:
 
 
 def _figures(beat: Heartbeat) -> tuple[object, ...]:
-    return (beat.state, beat.weight_version, beat.step, beat.reward)
+    served = tuple(sorted((k, v.weight_version) for k, v in (beat.pool or {}).items()))
+    return (beat.state, beat.weight_version, beat.step, beat.reward, served)
+
+
+def _served_pods(channel: JobChannel, beat: Heartbeat) -> list[str]:
+    """Pods of the other policies a shared pool's heartbeat speaks for (their groups show
+    the versions it serves them at: `groupstatus._served_versions`)."""
+    others = set(beat.pool or {}) - {beat.policy}
+    return [hb.pod for hb in channel.heartbeats.values() if hb.policy in others]

@@ -20,7 +20,7 @@ from nats.js.kv import KeyValue
 from tests.integration.workers.test_weight_sync import identical, trainer_versions, weights_only
 
 from polyrl.api import natsconfig
-from polyrl.api.messages import Heartbeat
+from polyrl.api.messages import Heartbeat, PoolShare
 from polyrl.api.naming import JobNames
 from polyrl.local.natsserver import NatsServer
 from polyrl.workers.weightsync import chain, retention
@@ -142,3 +142,28 @@ async def test_a_full_request_queue_refuses_new_requests_and_keeps_the_waiting_o
         assert [m.data for m in await sub.fetch(3, timeout=2)] == [b"r0", b"r1", b"r2"]
     finally:
         await js.delete_stream(requests.name or "")
+
+
+async def test_a_policy_served_by_another_policys_pool_counts_the_pools_replicas_as_live(
+    job: Job,
+) -> None:
+    """A shared pool's heartbeats are filed under the serving policy and carry each served
+    policy's version (`Heartbeat.pool`): the served policy's trainer must keep what they
+    serve, and a policy the pool does not serve sees none of it."""
+    js, names = job
+    kv = await js.create_key_value(KeyValueConfig(bucket=names.heartbeats_bucket))
+    beats = {
+        "solver.rollout.pool-0": Heartbeat(
+            pod="pool-0", role="rollout", policy="solver", weight_version=7, at=time.time(),
+            pool={"solver": PoolShare(weight_version=7), "verifier": PoolShare(weight_version=3)},
+        ),
+        "judge.rollout.judge-0": Heartbeat(
+            pod="judge-0", role="rollout", policy="judge", weight_version=5, at=time.time()
+        ),
+    }  # fmt: skip
+    for key, beat in beats.items():
+        await kv.put(key, beat.model_dump_json().encode())
+    assert await retention.live_versions(kv, "verifier") == {3}
+    assert await retention.live_versions(kv, "solver") == {7}
+    assert await retention.live_versions(kv, "judge") == {5}
+    assert await retention.live_versions(kv, "critic") == set()

@@ -27,10 +27,12 @@ KEEP_KEYFRAMES = 2
 
 
 async def live_versions(kv: KeyValue, policy: str) -> set[int]:
-    """The weight versions `policy`'s rollout workers serve, from their heartbeats."""
-    prefix = JobNames.heartbeat_key(policy, "rollout", "")
+    """The weight versions `policy`'s rollout workers serve, from their heartbeats: its own
+    pool's, and those of a shared pool that serves it (`rollout.servedBy`, whose heartbeats
+    are filed under the serving policy and carry each policy's version in `pool`)."""
+    marker = ".rollout."  # in every rollout heartbeat key, `<policy>.rollout.<pod>`
     try:
-        keys = [k for k in await kv.keys() if k.startswith(prefix)]
+        keys = [k for k in await kv.keys() if marker in k]
     except NoKeysError:
         return set()
     versions: set[int] = set()
@@ -39,9 +41,14 @@ async def live_versions(kv: KeyValue, policy: str) -> set[int]:
         if not entry.value:
             continue
         try:
-            versions.add(Heartbeat.model_validate_json(entry.value).weight_version)
+            beat = Heartbeat.model_validate_json(entry.value)
         except ValidationError:
             log.warning("malformed heartbeat under %s ignored", key)
+            continue
+        if beat.pool is not None and policy in beat.pool:
+            versions.add(beat.pool[policy].weight_version)
+        elif key.startswith(JobNames.heartbeat_key(policy, "rollout", "")):
+            versions.add(beat.weight_version)
     return versions
 
 
