@@ -31,27 +31,11 @@ from polyrl.testing.waiting import wait_until
 from polyrl.workers.models import catalog
 
 from .test_operator_job import pods, rollout_heartbeats
+from .test_shared_pool_run import JOB
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TINY = """
-apiVersion: polyrl.dev/v1alpha1
-kind: RLJob
-metadata: {name: shared}
-spec:
-  policies:
-  - name: solver
-    model: {path: "tiny-llama://shared-pool"}
-    trainer: {batchSize: 16, microBatchSize: 16, lora: {rank: 4}, optimizer: {lr: 1.0e-3}}
-    rollout: {replicas: 1, maxBatchSize: 32}
-  - name: verifier
-    model: {path: "tiny-llama://shared-pool"}
-    trainer: {batchSize: 16, microBatchSize: 16, lora: {rank: 4}, optimizer: {lr: 1.0e-3}}
-    rollout: {servedBy: solver}
-  workflow: {name: solver-verifier, episodesInFlight: 4, task: {name: arithmetic, params: {digits: 1}}}
-  algorithm: {groupSize: 4, maxNewTokens: 3}
-  stop: {steps: 8}
-"""
+TINY = JOB  # the job of the `polyrl run` test, applied to the cluster
 
 
 def run_shared(
@@ -108,6 +92,7 @@ def test_the_operator_runs_two_lora_policies_on_one_shared_pool_to_the_end(
     # A name of its own: the node agent keeps trainer checkpoints by claim name, and a
     # trainer that finds one of an earlier run's resumes at its last step.
     doc["metadata"]["name"] = job = f"shared-{uuid.uuid4().hex[:6]}"
+    doc["spec"]["stop"]["steps"] = 8  # serving long enough for a few heartbeats to say so
     with explained(kubectl, operator, logs):
         run_shared(doc, kubectl, real_ns, nats_server.url, logs, timeout=300)
         kubectl("delete", "rlj", job, "-n", real_ns, "--timeout=120s")
