@@ -331,9 +331,11 @@ class RolloutWorker:
             version = await queue.weights.update(self.engine)
             if version is not None:
                 sync = queue.weights.figures()
+                # A shared pool names the other policies it serves; the own one as ever.
+                whose = "" if queue.policy == self.policy else f"{queue.policy} "
                 log.info(
-                    "serving %s weight version %d (synced in %.3fs, %s bytes, %s of the "
-                    "weights changed)", queue.policy, version, sync.get("sync_seconds") or 0.0,
+                    "serving %sweight version %d (synced in %.3fs, %s bytes, %s of the "
+                    "weights changed)", whose, version, sync.get("sync_seconds") or 0.0,
                     sync.get("sync_bytes"), _percent(sync.get("changed_fraction")),
                 )  # fmt: skip
 
