@@ -263,3 +263,39 @@ async def test_a_policy_whose_trainer_holds_another_base_is_refused_and_not_serv
     for publisher in (solver, verifier):
         await publisher.store.close()
     await nc.close()
+
+
+async def test_an_announced_payload_other_than_the_policys_is_refused_and_not_loaded(
+    nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica of an adapter policy that finds model weights announced (or the reverse:
+    a spec that says merged sync while the trainer sends adapters) would put one where the
+    other goes: the sync fails, counted, and the engine keeps what it had."""
+    from polyrl.workers.rollout.weights import EngineWeights
+
+    names = JobNames(namespace="t", job=f"sp{uuid.uuid4().hex[:6]}")
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, list(POLICIES))
+    model, _ = models.make_model(ModelSource(path=MODEL), cache_dir=tmp_path / "m")
+    base = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+    solver_store = await WeightStore.open(nc.jetstream(), names.weights_bucket("solver"))
+    await WeightPublisher(solver_store, names, "solver", keyframe_every=4).publish(base)
+    verifier = await publish_policy(
+        nc.jetstream(), names, "verifier", base, adapter_state(1, model)
+    )
+    engine = engines.make_engine("torch", model)
+    before = {k: v.clone() for k, v in engine.weights().items()}
+    cases = [  # (policy, its store, the alpha the replica was told: None means model weights)
+        ("solver", solver_store, 16),  # expects adapters, finds a model
+        ("verifier", verifier.store, None),  # expects a model, finds adapters
+    ]
+    for policy, store, alpha in cases:
+        weights = EngineWeights(nc.jetstream(), names, policy, store, adapter_alpha=alpha)
+        assert await weights.update(engine) is None, policy
+        assert (weights.version, weights.failures) == (None, 1), policy
+    assert "holds model weights, the policy sends adapters" in caplog.text
+    assert "holds an adapter, the policy sends model weights" in caplog.text
+    assert all(torch.equal(engine.weights()[k], v) for k, v in before.items())
+    for store in (solver_store, verifier.store):
+        await store.close()
+    await nc.close()

@@ -112,9 +112,8 @@ class EngineWeights:
         adapters = self.adapter_alpha is not None
         if (latest.payload == announce.Payload.ADAPTER) != adapters:
             expected = "adapters" if adapters else "model weights"
-            raise SyncFailed(
-                f"{latest.object} holds a {latest.payload}, the policy sends {expected}"
-            )
+            found = "an adapter" if latest.payload == announce.Payload.ADAPTER else "model weights"
+            raise SyncFailed(f"{latest.object} holds {found}, the policy sends {expected}")
 
     async def _check_base(self) -> None:
         """In a shared pool, refuse (`SyncFailed`) a policy whose trainer's base is not the
