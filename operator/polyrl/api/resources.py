@@ -16,11 +16,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, WithJsonSchema, model_validator
 
-from polyrl.api import taskparams
+from polyrl.api import sharedpool, taskparams
 from polyrl.api._version import DEFAULT_IMAGE
 from polyrl.api.base import ApiModel, Dns1035Name, Quantity, Resources, Toleration
 from polyrl.api.lora import LoraSpec as LoraSpec
-from polyrl.api.lora import LoraSync
 from polyrl.api.model_source import ModelSource as ModelSource
 from polyrl.api.model_source import PromptFormat as PromptFormat
 from polyrl.api.model_source import pvc_parts as pvc_parts
@@ -441,19 +440,6 @@ class NatsSpec(ApiModel):
 _OWN_STEPS_MESSAGE = (
     "a policy's trainer.steps needs algorithm.mode async: sync mode's rounds wait for every policy"
 )
-_SERVED_BY_MESSAGE = (
-    "rollout.servedBy must name another policy of the job that has no servedBy itself, "
-    "and both policies need trainer.lora"
-)
-# The API server checks names and that both train adapters (presence tests cost little); a
-# rule comparing model paths too costs more than CEL's budget allows over 16 policies, so
-# the spec model refuses the rest (`_check_served_by`), which `polyrl run` says before start
-# and the operator as the job's condition.
-_SERVED_BY_RULE = (
-    "self.policies.all(p, !has(p.rollout.servedBy) || (has(p.trainer.lora) && "
-    "self.policies.exists(q, q.name == p.rollout.servedBy && q.name != p.name && "
-    "!has(q.rollout.servedBy) && has(q.trainer.lora))))"
-)
 
 
 class RLJobSpec(ApiModel):
@@ -465,7 +451,7 @@ class RLJobSpec(ApiModel):
                     "self.policies.all(p, !has(p.trainer.steps))",
                     "message": _OWN_STEPS_MESSAGE,
                 },
-                {"rule": _SERVED_BY_RULE, "message": _SERVED_BY_MESSAGE},
+                {"rule": sharedpool.RULE, "message": sharedpool.MESSAGE},
             ]
         }
     }
@@ -512,7 +498,7 @@ class RLJobSpec(ApiModel):
     def _shared_pools(self) -> RLJobSpec:
         for policy in self.policies:
             if policy.rollout.served_by is not None:
-                _check_served_by(self, policy, policy.rollout.served_by)
+                sharedpool.check(self, policy, policy.rollout.served_by)
         return self
 
     def policy(self, name: str) -> PolicySpec | None:
@@ -544,30 +530,6 @@ class RLJobSpec(ApiModel):
                 return None
             steps[policy.name] = last
         return steps
-
-
-def _check_served_by(spec: RLJobSpec, policy: PolicySpec, pool: str) -> None:
-    """A shared pool serves adapters of one base: refuse what one engine cannot serve."""
-    where = f"policy {policy.name}: rollout.servedBy {pool!r}"
-    serving = spec.policy(pool)
-    if serving is None or serving.name == policy.name:
-        raise ValueError(f"{where} is not another policy of the job")
-    if serving.rollout.served_by is not None:
-        raise ValueError(f"{where} is itself served by {serving.rollout.served_by!r}")
-    for p in (policy, serving):
-        lora = p.trainer.lora
-        if lora is None or lora.sync != LoraSync.ADAPTER:
-            raise ValueError(
-                f"{where}: a shared pool serves LoRA adapters; policy {p.name} needs "
-                "trainer.lora with sync: adapter"
-            )
-    for field in ("path", "dtype", "tokenizer"):
-        mine, theirs = getattr(policy.model, field), getattr(serving.model, field)
-        if mine != theirs:
-            raise ValueError(
-                f"{where}: a shared pool holds one base model; model.{field} is {mine!r} "
-                f"here and {theirs!r} in {pool}"
-            )
 
 
 class PolicyGroupSpec(ApiModel):
