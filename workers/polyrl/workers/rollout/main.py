@@ -63,7 +63,7 @@ async def build_rollout(
             f"policy {policy.name} is served by {policy.rollout.served_by}'s rollout pool "
             "(rollout.servedBy): it has no rollout workers of its own"
         )
-    others = [spec.policy(name) for name in spec.served_in_pool(policy.name)[1:]]
+    others = [p for name in spec.served_in_pool(policy.name)[1:] if (p := spec.policy(name))]
     scratch = Path(tempfile.mkdtemp(prefix="polyrl-model-"))
     try:
         directory = await until_stopped(
@@ -82,7 +82,7 @@ async def build_rollout(
     if lora is not None and alpha is not None:  # the engine starts from the frozen base
         model.load_state_dict(await read_base(store, rt.stopping))
         if policy.rollout.engine == "vllm":
-            ranks = [lora.rank] + [p.trainer.lora.rank for p in others if p and p.trainer.lora]
+            ranks = [lora.rank] + [p.trainer.lora.rank for p in others if p.trainer.lora]
             options |= {"max_lora_rank": max(ranks), "max_loras": len(ranks)}
     engine = make_engine(
         str(policy.rollout.engine),
@@ -112,7 +112,7 @@ async def build_rollout(
         if rt.stopping.is_set():
             raise Stopped("stopped before the first weights were announced")
         await asyncio.sleep(0.5)
-    pool = await pool_sources(rt, store, [p for p in others if p is not None])
+    pool = await pool_sources(rt, store, others)
     return RolloutWorker(rt, engine, tokenizer, weights, model=facts, pool=pool)
 
 

@@ -127,7 +127,7 @@ class TorchEngine:
         merge, so no rounding accumulates over versions or switches. The base is the host
         copy where the engine has one (bf16 weights on CPU: no memory added), else a copy of
         the adapted weights taken at the first merge. A shared pool switches between its
-        policies' slots by merging again (what a switch costs: `polyrl bench engine`); an
+        policies' slots by merging again (what a switch costs: `polyrl bench lora`); an
         unchanged selection costs nothing."""
         adapter = self._slots.get(slot)
         if adapter is None:
