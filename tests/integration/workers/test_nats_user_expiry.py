@@ -2,7 +2,8 @@
 time keeps its connection going across the expiry.
 
 The server trusts a fresh operator (`polyrl.api.natsjwt.Trust`), as in test_nats_access.py;
-users are signed with an `exp` two or three seconds away (JWTs count whole seconds). The worker side is the real one:
+users are signed with an `exp` four or five seconds away (JWTs count whole seconds, and a
+loaded machine must still connect and subscribe before it). The worker side is the real one:
 `Runtime.connect` reading `POLYRL_NATS_CREDS_FILE`, a file written the kubelet's way (the
 node agent's atomic writer: a new directory behind the `..data` symlink), as a pod's
 mounted users Secret is when the operator renews it.
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.slow
 
 NAMES = JobNames(namespace="t", job="renew")
 POLICY = "solver"
+LASTING = 5.0  # seconds: `exp` is whole seconds, so a user lasts 4 to 5 of them
 
 
 class Trusted:
@@ -73,7 +75,7 @@ async def test_a_user_is_dropped_and_refused_once_its_jwt_expires(
     trusted: Trusted, tmp_path: Path
 ) -> None:
     creds = tmp_path / "rollout.creds"
-    creds.write_text(text := trusted.rollout_creds(lasting=2.5))
+    creds.write_text(text := trusted.rollout_creds(lasting=LASTING))
     closed = asyncio.Event()
 
     async def on_closed() -> None:
@@ -92,7 +94,7 @@ async def test_a_user_is_dropped_and_refused_once_its_jwt_expires(
     assert (await sub.next_msg(timeout=2)).data == b"before"  # a valid user, while it lasts
 
     refusals = []
-    await asyncio.wait_for(closed.wait(), timeout=5)
+    await asyncio.wait_for(closed.wait(), timeout=LASTING + 3)
     refusals.append(str(nc.last_error))  # the live connection, dropped by the server
     # The server compares whole seconds: in the second of `exp` it still admits the user
     # (and drops it at once); from the next one on it refuses the CONNECT.
@@ -140,7 +142,7 @@ async def test_a_worker_reconnects_with_its_renewed_creds_file_when_its_user_exp
     def kubelet_writes(creds: str) -> None:
         assert volumes.write_atomic(mount, {NATS_USER_FILE: (creds.encode(), 0o440)})
 
-    first = trusted.rollout_creds(lasting=2.5)
+    first = trusted.rollout_creds(lasting=LASTING)
     expires = exp_of(first)
     kubelet_writes(first)
     monkeypatch.setenv(NATS_CREDS_FILE_ENV, str(mount / NATS_USER_FILE))
