@@ -383,6 +383,21 @@ class WorkflowSpec(ApiModel):
         description="solver-verifier: the verifier's chat template and verdict parser "
         "(docs/workflows.md); unset: the built-in format for generated tasks.",
     )
+    max_turns: int = Field(
+        8,
+        ge=1,
+        le=1000,
+        description="Replies a policy gives in one conversation of a multi-turn workflow; an "
+        "episode that asks for more is dropped and counted (reason `turns`).",
+    )
+    max_context_tokens: int | None = Field(
+        None,
+        ge=2,
+        le=1048576,
+        description="Tokens one conversation may hold, its replies included: a reply's budget "
+        "is cut to what is left, and an episode with no room left is dropped and counted "
+        "(reason `context`). Unset: the model's context is the limit.",
+    )
 
 
 class AlgorithmSpec(ApiModel):

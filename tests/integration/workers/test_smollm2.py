@@ -9,18 +9,27 @@ or engine shows up as a different answer.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from polyrl.api.model_source import PromptFormat
+from polyrl.api.resources import RLJobSpec
+from polyrl.api.wire import Completion, GenerationResponse
 from polyrl.workers.deltas.decode import apply_delta
 from polyrl.workers.deltas.encode import encode_delta
 from polyrl.workers.models import catalog, gguf
 from polyrl.workers.models.loading import load_directory
+from polyrl.workers.models.prompts import PolicyPrompts
 from polyrl.workers.rollout.engines.base import SamplingParams
 from polyrl.workers.rollout.engines.torch_engine import TorchEngine
+from polyrl.workers.runner import tokenizers as policy_tokenizers
+from polyrl.workers.workflows import Episode
+from polyrl.workers.workflows import conversation as conv
+from polyrl.workers.workflows.sample import Sample
 
 SYSTEM = "You are a helpful assistant."
 QUESTIONS = [
@@ -111,6 +120,77 @@ def test_a_delta_reaches_smollm2_bit_exact_and_its_tied_head(
     assert torch.equal(head, new["model.embed_tokens.weight"].to(head.dtype))
     serving.load_weights(old)  # the other tests see the recorded model
     assert _answers(serving, tokenizer) == RECORDED
+
+
+async def test_a_four_turn_conversation_with_smollm2_trains_on_the_ids_it_sampled(
+    smollm2: Path, engine: tuple[TorchEngine, object]
+) -> None:
+    """SmolLM2's template writes its default system prompt before a first message that is not
+    a system message: a message rendered alone would bring it back every turn. Each turn here
+    is sampled by the model, and the trained sequence holds exactly those ids."""
+    serving, _ = engine
+    prompts = policy_tokenizers.load(
+        smollm2, prompt_format=PromptFormat.CHAT, max_prompt_tokens=None
+    )
+    sampled: list[list[int]] = []
+    sent: list[Sample] = []
+
+    async def generate(policy: str, prompt: object, n: int, budget: int) -> GenerationResponse:
+        ids = prompts.encode(prompt, max_new_tokens=budget)  # type: ignore[arg-type]
+        params = SamplingParams(
+            max_new_tokens=budget, temperature=1.0, stop_token_ids=(2,), seed=len(sampled)
+        )
+        [out] = serving.generate([ids], params)
+        sampled.append(list(out.tokens))
+        text = prompts.tokenizer.backend.decode(out.tokens, skip_special_tokens=True)
+        done = Completion(
+            tokens=out.tokens, logprobs=out.logprobs, text=text, finish_reason=out.finish_reason
+        )
+        return GenerationResponse(
+            id="r", pod="p", weight_version=0, prompt_tokens=ids, completions=[done]
+        )
+
+    async def emit(policy: str, group: str, sample: Sample, index: int, reward: float) -> None:
+        sent.append(sample)
+
+    async def policy_prompts(policy: str) -> PolicyPrompts:
+        return prompts
+
+    spec = RLJobSpec.model_validate(
+        {"policies": [{"name": "a", "model": {"path": "tiny-llama://a"}}]}
+    )
+    episode = Episode(
+        id="e",
+        spec=spec,
+        task=None,
+        rng=random.Random(0),
+        _generate=generate,
+        _emit=emit,
+        _prompts=policy_prompts,
+    )
+    talk = await episode.converse("a", [{"role": "user", "content": QUESTIONS[0]}])
+    for turn in range(4):
+        [talk] = await episode.reply(talk, max_new_tokens=12)
+        if turn < 3:
+            talk = await episode.tell(
+                talk, {"role": "user", "content": "Are you sure? Say it again."}
+            )
+    await episode.emit_conversation("talk", talk, 0, 1.0)
+    [sample] = sent
+    assert sample.loss_mask is not None
+    trained = [t for t, on in zip(sample.tokens, sample.loss_mask, strict=True) if on]
+    assert len(sampled) == 4
+    assert trained == [t for turn in sampled for t in turn]
+    text = prompts.tokenizer.backend.decode(list(talk.ids), skip_special_tokens=False)
+    assert text.count("You are a helpful AI assistant named SmolLM") == 1  # once, at the start
+    assert text.count("<|im_start|>user\nAre you sure? Say it again.<|im_end|>\n") == 3
+    again = conv.retokenized(prompts.tokenizer, talk)
+    print(
+        "re-tokenised history differs at",
+        conv.first_difference(talk.ids, again),
+        "of",
+        len(talk.ids),
+    )
 
 
 def test_a_fetched_model_is_found_in_the_cache_without_downloading(

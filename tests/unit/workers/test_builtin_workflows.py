@@ -16,6 +16,7 @@ from polyrl.api.wire import Completion, GenerationResponse
 from polyrl.workers.tasks.loading import load_task
 from polyrl.workers.tasks.rewards import RewardFailed
 from polyrl.workers.workflows import Episode
+from polyrl.workers.workflows.sample import Sample
 from polyrl.workers.workflows.solver_verifier import SolverVerifier
 
 SPEC = RLJobSpec.model_validate(
@@ -59,9 +60,7 @@ def episode(
             id="r", pod="p", weight_version=3, prompt_tokens=[1], completions=completions
         )
 
-    async def emit(
-        policy: str, group: str, response: GenerationResponse, index: int, reward: float
-    ) -> None:
+    async def emit(policy: str, group: str, sample: Sample, index: int, reward: float) -> None:
         sent.append((policy, reward))
 
     made = Episode(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from polyrl.api.wire import GenerationResponse
 from polyrl.workers.runner.uniform_groups import HeldGroups, HeldSample, LeaveOut
+from polyrl.workers.workflows.sample import Sample
 
-RESPONSE = GenerationResponse(id="r", pod="p", weight_version=0, prompt_tokens=[1])
+RESPONSE = Sample(prompt_tokens=[1], tokens=[], logprobs=[], loss_mask=None, weight_version=0)
 
 
 def group(policy: str, *rewards: float, name: str = "e/g") -> list[HeldSample]:

@@ -15,16 +15,18 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from polyrl.api.resources import Mode, UniformGroups
-from polyrl.api.wire import GenerationResponse, Trajectory
+from polyrl.api.wire import Trajectory
 from polyrl.workers.runner import reward_health, rounds, uniform_groups
 from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import MetricsLog, Runtime
 from polyrl.workers.workflows.episode import Emit, Episode, Settle, nothing_held
 from polyrl.workers.workflows.interface import Reports, Workflow
+from polyrl.workers.workflows.sample import Sample
 
 log = logging.getLogger("polyrl.workflow")
 
@@ -60,22 +62,22 @@ class Emission:
         for group in held.take():
             if self.leave_out.send(group):
                 for s in group:
-                    await self.emit(s.policy, s.group, s.response, s.index, s.reward)
+                    await self.emit(s.policy, s.group, s.sample, s.index, s.reward)
 
     async def emit(
-        self, policy: str, group: str, response: GenerationResponse, index: int, reward: float
+        self, policy: str, group: str, sample: Sample, index: int, reward: float
     ) -> None:
-        completion = response.completions[index]
         trajectory = Trajectory(
             id=f"{group}/{index}",
             episode_id=group.split("/", 1)[0],
             group_id=group,
             policy=policy,
-            prompt_tokens=response.prompt_tokens,
-            tokens=completion.tokens,
-            logprobs=completion.logprobs,
+            prompt_tokens=sample.prompt_tokens,
+            tokens=sample.tokens,
+            logprobs=sample.logprobs,
+            loss_mask=sample.loss_mask,
             reward=reward,
-            weight_version=response.weight_version,
+            weight_version=sample.weight_version,
             created_at=time.time(),
         )
         subject = self.rt.names.trajectories_subject(policy)
@@ -105,6 +107,7 @@ class Accounts:
         self.episodes = 0
         self.failed = 0
         self.dropped_prompts = 0  # episodes whose prompt a policy could not take
+        self.dropped_by_reason: Counter[str] = Counter()  # the same, by reason
         self.dropped_samples = 0  # samples whose reward failed (`Episode.drop`)
         self.reward_health = reward_health.RewardHealth()
         self.recent: dict[str, list[float]] = {}
@@ -112,8 +115,12 @@ class Accounts:
         self.started = time.monotonic()
 
     def prompt_dropped(self, episode: Episode, err: Exception) -> None:
+        """An episode a policy could not take the prompt of: too long, refused, or a
+        conversation past its limits (`ConversationTooLong`'s reason: turns, context)."""
         self.dropped_prompts += 1
-        log.warning("episode %s dropped: %s", episode.id, err)
+        reason = getattr(err, "reason", "prompt")
+        self.dropped_by_reason[reason] += 1
+        log.warning("episode %s dropped (%s): %s", episode.id, reason, err)
 
     def episode_failed(self, episode: Episode, err: Exception) -> None:
         self.failed += 1
@@ -159,12 +166,14 @@ class Accounts:
         self.metrics.write(records)
 
     def log_stopped(self, cut_short: int, waited: float) -> None:
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(self.dropped_by_reason.items()))
         log.info(
-            "stopped: %d episodes done, %d failed, %d dropped (prompt too long or refused), %d cut "
-            "short; requests waited %.0f s in all for trainers to catch up",
+            "stopped: %d episodes done, %d failed, %d dropped (%s), %d cut short; requests "
+            "waited %.0f s in all for trainers to catch up",
             self.episodes,
             self.failed,
             self.dropped_prompts,
+            reasons or "none",
             cut_short,
             waited,
         )

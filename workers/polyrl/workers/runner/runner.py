@@ -137,6 +137,7 @@ class WorkflowRunner:
             _generate=self._generate,
             _emit=emit,
             _settle=settle,
+            _prompts=self.generation.tokenizers.get,
             finished=frozenset(self.trainers.finished),
             warming=frozenset(self.trainers.warming),
             catching_up=self.admission.catching_up(),

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from polyrl.api.wire import GenerationResponse
+from polyrl.workers.workflows.sample import Sample
 
 MOST_LEFT_OUT_IN_A_ROW = 5
 
@@ -34,7 +34,7 @@ class HeldSample:
 
     policy: str
     group: str
-    response: GenerationResponse
+    sample: Sample
     index: int
     reward: float
 
@@ -45,11 +45,9 @@ class HeldGroups:
     def __init__(self) -> None:
         self.groups: dict[tuple[str, str], list[HeldSample]] = {}
 
-    async def add(
-        self, policy: str, group: str, response: GenerationResponse, index: int, reward: float
-    ) -> None:
-        sample = HeldSample(policy, group, response, index, reward)
-        self.groups.setdefault((policy, group), []).append(sample)
+    async def add(self, policy: str, group: str, sample: Sample, index: int, reward: float) -> None:
+        held = HeldSample(policy, group, sample, index, reward)
+        self.groups.setdefault((policy, group), []).append(held)
 
     def __iter__(self) -> Iterator[list[HeldSample]]:
         return iter(self.groups.values())

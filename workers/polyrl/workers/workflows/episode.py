@@ -4,27 +4,38 @@
 and awaits the response (retrying under a fresh id after a timeout, so the stream's
 de-duplication never swallows the retry); `emit` turns a completion and its reward into a
 Trajectory for that policy's trainer, with a deterministic id so a retried publish is
-de-duplicated rather than doubled.
+de-duplicated rather than doubled. Multi-turn episodes hold a `Conversation` per policy and
+sample: `converse` opens one, `reply` asks the policy, `tell` shows it a message (a user's
+turn, a tool's output), `emit_conversation` sends it, all token-exact (`conversation`).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from polyrl.api.resources import RLJobSpec
 from polyrl.api.wire import Completion, GenerationResponse
-from polyrl.workers.models.prompts import Prompt
+from polyrl.workers.models.prompts import PolicyPrompts, Prompt
+from polyrl.workers.workflows import conversation as conv
+from polyrl.workers.workflows.conversation import Conversation, ConversationTooLong, Message
+from polyrl.workers.workflows.sample import Sample
 
 Generate = Callable[[str, Prompt, int, int], Awaitable[GenerationResponse]]
-Emit = Callable[[str, str, GenerationResponse, int, float], Awaitable[None]]
+Emit = Callable[[str, str, Sample, int, float], Awaitable[None]]
 Settle = Callable[[], Awaitable[None]]
+Prompts = Callable[[str], Awaitable[PolicyPrompts]]
 
 
 async def nothing_held() -> None:
     """`Episode.settle` where nothing is held: every emit was sent at once."""
+
+
+async def no_prompts(policy: str) -> PolicyPrompts:
+    """`Episode`'s tokenizers where none were given (an episode built by hand, in a test)."""
+    raise conv.ConversationOrder(f"this episode has no tokenizer for {policy!r}")
 
 
 @dataclass
@@ -38,6 +49,7 @@ class Episode:
     _generate: Generate
     _emit: Emit
     _settle: Settle = nothing_held
+    _prompts: Prompts = no_prompts
     finished: frozenset[str] = frozenset()
     """Policies whose trainers are done (their final version announced): a workflow should
     ask them for no more samples, which would be wasted."""
@@ -73,17 +85,74 @@ class Episode:
         policy's. The budget is the policy's `maxNewTokens` where the manifest sets one, else
         `max_new_tokens`, else `algorithm.maxNewTokens`. A prompt the policy cannot take
         raises `prompts.PromptError` (the runner counts the episode as a dropped prompt)."""
-        spec = self.spec.policy(policy)
-        own = spec.max_new_tokens if spec is not None else None
-        limit = own or max_new_tokens or self.spec.algorithm.max_new_tokens
-        return await self._generate(policy, prompt, n, limit)
+        return await self._generate(policy, prompt, n, self.budget(policy, max_new_tokens))
 
     async def emit(
         self, policy: str, group: str, response: GenerationResponse, index: int, reward: float
     ) -> None:
         """Send completion `index` of `response` with its reward to `policy`'s trainer."""
         self.rewards.setdefault(policy, []).append(reward)
-        await self._emit(policy, f"{self.id}/{group}", response, index, reward)
+        await self._emit(policy, f"{self.id}/{group}", Sample.of(response, index), index, reward)
+
+    async def converse(self, policy: str, messages: Sequence[Message]) -> Conversation:
+        """A conversation with `policy` that opens with `messages` (chat messages): ask for its
+        replies with `reply`, answer them with `tell`, send it to the trainer with
+        `emit_conversation`. Every turn extends the ids sampled and shown so far, never a
+        re-tokenised history (`conversation`)."""
+        prompts = await self._prompts(policy)
+        ids = prompts.encode(list(messages), max_new_tokens=self.budget(policy))
+        return Conversation.start(policy, messages, ids)
+
+    async def reply(
+        self, conversation: Conversation, n: int = 1, *, max_new_tokens: int | None = None
+    ) -> list[Conversation]:
+        """`n` replies of the policy to `conversation`, each a conversation of its own (a
+        group's samples branch here). The budget is `generate`'s, cut to what is left of
+        `workflow.maxContextTokens`; past `workflow.maxTurns`, or with no room left, the
+        episode is dropped (`ConversationTooLong`, counted by reason)."""
+        limits, policy = self.spec.workflow, conversation.policy
+        if conversation.replied:
+            raise conv.ConversationOrder("the policy replied last: tell it something first")
+        if conversation.turns >= limits.max_turns:
+            raise ConversationTooLong(
+                f"a conversation with {policy!r} reached workflow.maxTurns ({limits.max_turns})",
+                reason="turns",
+            )
+        budget = self.budget(policy, max_new_tokens)
+        if limits.max_context_tokens is not None:
+            budget = min(budget, limits.max_context_tokens - len(conversation.ids))
+            if budget < 1:
+                raise ConversationTooLong(
+                    f"a conversation with {policy!r} of {len(conversation.ids)} tokens has no "
+                    f"room for a reply within workflow.maxContextTokens "
+                    f"({limits.max_context_tokens})",
+                    reason="context",
+                )
+        response = await self._generate(policy, list(conversation.ids), n, budget)
+        return [conversation.with_reply(response, i) for i in range(len(response.completions))]
+
+    async def tell(self, conversation: Conversation, *messages: Message) -> Conversation:
+        """`conversation` with `messages` (a user's turn, a tool's output) shown to the policy
+        after its last reply, as the ids its chat template adds for them."""
+        prompts = await self._prompts(conversation.policy)
+        ids = conv.message_ids(prompts.tokenizer, conversation, messages)
+        return conversation.with_messages(messages, ids)
+
+    async def emit_conversation(
+        self, group: str, conversation: Conversation, index: int, reward: float
+    ) -> None:
+        """Send `conversation` with its reward to its policy's trainer: trained on its replies,
+        with what it was shown masked out."""
+        policy = conversation.policy
+        self.rewards.setdefault(policy, []).append(reward)
+        await self._emit(policy, f"{self.id}/{group}", conversation.sample(), index, reward)
+
+    def budget(self, policy: str, max_new_tokens: int | None = None) -> int:
+        """`policy`'s generation budget: its own `maxNewTokens`, else `max_new_tokens`, else
+        algorithm.maxNewTokens."""
+        spec = self.spec.policy(policy)
+        own = spec.max_new_tokens if spec is not None else None
+        return own or max_new_tokens or self.spec.algorithm.max_new_tokens
 
     def drop(self, reason: str) -> None:
         """A sample left out because it could not be scored (its reward function failed)."""
@@ -105,4 +174,4 @@ class Episode:
         return completion.text
 
 
-__all__ = ["Episode"]
+__all__ = ["Episode", "Sample"]
