@@ -80,6 +80,13 @@ class Heartbeat(ApiModel):
     dropped_samples: int = Field(
         0, ge=0, description="Workflow runner: samples dropped because their reward failed."
     )
+    dropped_episodes: dict[str, dict[str, int]] | None = Field(
+        None,
+        description="Workflow runner: episodes dropped whole, by policy (`-` where the cause "
+        "names none) and reason: `prompt` (a prompt a policy cannot take), `turns` and "
+        "`context` (a conversation past workflow.maxTurns or maxContextTokens), `tool`, "
+        "`environment`, or a workflow's own.",
+    )
     failed_episodes: int = Field(
         0,
         ge=0,

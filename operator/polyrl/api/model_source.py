@@ -46,7 +46,7 @@ class ModelSource(ApiModel):
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16",
-        description="Weight dtype rollouts serve and weight sync carries; the trainer trains in float32.",
+        description="What rollouts compute in. Weight sync always carries bfloat16 (its deltas are bit-exact in it), so rollouts hold bfloat16 weights: `float32` makes the torch engine compute in float32 over them (on a CPU it does for bfloat16 too); `float16` leaves the engine's default. The trainer trains in float32.",
     )
     sha256: str | None = Field(
         None,

@@ -43,7 +43,7 @@ async def test_a_workers_figures_are_scraped_with_their_names_and_follow_its_hea
         first = await asyncio.to_thread(scrape, port)
         rt.figures = {"requests_served": 10, "weight_version": 5, "tokens_per_second": 80.0,
                       "sync_seconds": 0.25, "sync_bytes": 4096, "changed_fraction": 0.01,
-                      "queue_depth": 12}  # fmt: skip
+                      "queue_depth": 12, "dropped_episodes": {"solver": {"tool": 2}}}  # fmt: skip
         rt.dead_letters = 1
         assert rt.exported is not None
         rt.exported.observe_staleness({0: 3, 2: 1})
@@ -66,6 +66,8 @@ async def test_a_workers_figures_are_scraped_with_their_names_and_follow_its_hea
     assert (first["polyrl_worker_dead_letters"], second["polyrl_worker_dead_letters"]) == (0, 1)
     assert (first["polyrl_worker_sync_bytes"], second["polyrl_worker_sync_bytes"]) == (0, 4096)
     assert second["polyrl_worker_queue_depth"] == 12
+    assert "polyrl_worker_dropped_episodes" not in first  # none yet: no series
+    assert second["polyrl_worker_dropped_episodes"] == 2  # {of="solver", reason="tool"}
     assert second["polyrl_worker_changed_fraction"] == 0.01
     assert (first["polyrl_worker_staleness_count"], second["polyrl_worker_staleness_count"]) == (
         0, 4,

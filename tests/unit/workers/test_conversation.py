@@ -9,24 +9,17 @@ re-tokenisation would have trained on differs from what was sampled.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.workers.scripted import POLICY, Pool, episode, load, spec
 
-from polyrl.api.model_source import PromptFormat
-from polyrl.api.resources import RLJobSpec
-from polyrl.api.wire import Completion, GenerationResponse
 from polyrl.workers.models.prompts import PolicyPrompts
-from polyrl.workers.runner import tokenizers as policy_tokenizers
-from polyrl.workers.workflows import Episode
 from polyrl.workers.workflows import conversation as conv
-from polyrl.workers.workflows.sample import Sample
 
 TinyBpe = Callable[[str], Path]
-POLICY = "agent"
 QWEN3_LIKE = (  # as Qwen3's: an assistant turn before the last user message loses its <think>
     "{% for message in messages %}{% set content = message['content'] %}"
     "{% if message['role'] == 'assistant' and not loop.last %}"
@@ -34,79 +27,6 @@ QWEN3_LIKE = (  # as Qwen3's: an assistant turn before the last user message los
     "{{ '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def spec(**workflow: Any) -> RLJobSpec:
-    return RLJobSpec.model_validate(
-        {
-            "policies": [{"name": POLICY, "model": {"path": "tiny-bpe://qwen2/t"}}],
-            "workflow": workflow,
-            "algorithm": {"maxNewTokens": 8},
-        }
-    )
-
-
-class Pool:
-    """The rollout pool's edge: answers each request with the next scripted reply (token
-    ids, and whether they end with the end-of-turn id), and records the prompts it was sent."""
-
-    def __init__(self, prompts: PolicyPrompts, replies: list[tuple[list[int], bool]]) -> None:
-        self.prompts, self.replies = prompts, list(replies)
-        self.sent: list[list[int]] = []
-        self.eos = prompts.tokenizer.backend.token_to_id(prompts.tokenizer.special["eos_token"])
-        self.version = 0
-
-    async def generate(self, policy: str, prompt: Any, n: int, budget: int) -> GenerationResponse:
-        ids = self.prompts.encode(prompt, max_new_tokens=budget)
-        self.sent.append(ids)
-        completions = []
-        for _ in range(n):
-            reply, stops = self.replies.pop(0)
-            tokens = [*reply, self.eos] if stops else reply[:budget]
-            completions.append(
-                Completion(
-                    tokens=tokens,
-                    logprobs=[-0.5] * len(tokens),
-                    text=self.prompts.tokenizer.backend.decode(tokens, skip_special_tokens=True),
-                    finish_reason="stop" if stops else "length",
-                )
-            )
-        self.version += 1
-        return GenerationResponse(
-            id="r", pod="p", weight_version=self.version, prompt_tokens=ids, completions=completions
-        )
-
-
-def episode(
-    prompts: PolicyPrompts, pool: Pool, job: RLJobSpec | None = None
-) -> tuple[Episode, list[Sample]]:
-    sent: list[Sample] = []
-
-    async def emit(policy: str, group: str, sample: Sample, index: int, reward: float) -> None:
-        sent.append(sample)
-
-    async def policy_prompts(policy: str) -> PolicyPrompts:
-        return prompts
-
-    made = Episode(
-        id="e",
-        spec=job or spec(),
-        task=None,
-        rng=random.Random(0),
-        _generate=pool.generate,
-        _emit=emit,
-        _prompts=policy_prompts,
-    )
-    return made, sent
-
-
-def load(tiny_bpe: TinyBpe, arch: str, template: str | None = None) -> PolicyPrompts:
-    prompts = policy_tokenizers.load(
-        tiny_bpe(arch), prompt_format=PromptFormat.CHAT, max_prompt_tokens=None
-    )
-    if template is not None:
-        prompts.tokenizer.chat_template = template
-    return prompts
 
 
 def pieces(prompts: PolicyPrompts, *tokens: str) -> list[int]:

@@ -70,7 +70,8 @@ async def build_rollout(
             rt, bundle.fetch(rt.js, rt.names, policy.name, scratch, timeout=bundle_timeout)
         )
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
-        model = AutoModelForCausalLM.from_config(config, dtype=policy.model.dtype)  # type: ignore[no-untyped-call]
+        # In bfloat16 whatever model.dtype says: it is what weight sync carries (`weights_dtype`).
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         facts = model_facts(directory, config, tokenizer)
     finally:  # the weights come from the weight store; the files are not needed again
@@ -84,6 +85,8 @@ async def build_rollout(
         if policy.rollout.engine == "vllm":
             ranks = [lora.rank] + [p.trainer.lora.rank for p in others if p.trainer.lora]
             options |= {"max_lora_rank": max(ranks), "max_loras": len(ranks)}
+    if policy.rollout.engine == "torch" and policy.model.dtype == "float32":
+        options["compute_dtype"] = torch.float32  # over the bf16 weights, on any device
     engine = make_engine(
         str(policy.rollout.engine),
         model,

@@ -107,7 +107,7 @@ class Accounts:
         self.episodes = 0
         self.failed = 0
         self.dropped_prompts = 0  # episodes whose prompt a policy could not take
-        self.dropped_by_reason: Counter[str] = Counter()  # the same, by reason
+        self.dropped_by_reason: Counter[tuple[str, str]] = Counter()  # by policy and reason
         self.dropped_samples = 0  # samples whose reward failed (`Episode.drop`)
         self.reward_health = reward_health.RewardHealth()
         self.recent: dict[str, list[float]] = {}
@@ -119,8 +119,9 @@ class Accounts:
         conversation past its limits (`ConversationTooLong`'s reason: turns, context)."""
         self.dropped_prompts += 1
         reason = getattr(err, "reason", "prompt")
-        self.dropped_by_reason[reason] += 1
+        self.dropped_by_reason[getattr(err, "policy", None) or "-", reason] += 1
         log.warning("episode %s dropped (%s): %s", episode.id, reason, err)
+        self._figures()
 
     def episode_failed(self, episode: Episode, err: Exception) -> None:
         self.failed += 1
@@ -152,11 +153,19 @@ class Accounts:
             "dropped_prompts": self.dropped_prompts,
             "dropped_samples": self.dropped_samples,
             "failed_episodes": self.failed,
+            "dropped_episodes": self.dropped_episodes(),
             "reward": sum(means) / len(means) if means else None,
         }
         elapsed = time.monotonic() - self.started
         if self.gate is not None and elapsed > 0:
             self.rt.figures["idle_fraction"] = min(1.0, self.gate.waited / elapsed)
+
+    def dropped_episodes(self) -> dict[str, dict[str, int]]:
+        """Episodes dropped whole, by policy and reason (the heartbeat's `dropped_episodes`)."""
+        out: dict[str, dict[str, int]] = {}
+        for (policy, reason), count in sorted(self.dropped_by_reason.items()):
+            out.setdefault(policy, {})[reason] = count
+        return out
 
     def write_metrics(self, records: list[dict[str, Any]]) -> None:
         """The workflow's own figures (a verifier's judging) into the run's metrics, beside
@@ -166,7 +175,10 @@ class Accounts:
         self.metrics.write(records)
 
     def log_stopped(self, cut_short: int, waited: float) -> None:
-        reasons = ", ".join(f"{r} {n}" for r, n in sorted(self.dropped_by_reason.items()))
+        by_reason: Counter[str] = Counter()
+        for (_, reason), count in self.dropped_by_reason.items():
+            by_reason[reason] += count
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))
         log.info(
             "stopped: %d episodes done, %d failed, %d dropped (%s), %d cut short; requests "
             "waited %.0f s in all for trainers to catch up",

@@ -24,6 +24,7 @@ from polyrl.workers.errors import StorageFull
 from polyrl.workers.models.prompts import Prompt, PromptError
 from polyrl.workers.runner import admission, emission, generation, trainers, uniform_groups
 from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.workflows.dropped import EpisodeDropped
 from polyrl.workers.workflows.episode import Episode
 from polyrl.workers.workflows.interface import Reports, Workflow
 
@@ -116,8 +117,9 @@ class WorkflowRunner:
                 if held is not None:
                     await self.emission.release(held)
                 self.accounts.episode_done(episode, self.workflow)
-            except PromptError as err:
-                self.accounts.prompt_dropped(episode, err)
+            except (PromptError, EpisodeDropped) as err:
+                if not self.rt.stopping.is_set():  # else cut short (a tool killed on the way out)
+                    self.accounts.prompt_dropped(episode, err)
             except (generation.GenerationTimeout, ValueError, KeyError, IndexError) as err:
                 self.accounts.episode_failed(episode, err)
                 await asyncio.sleep(1.0)

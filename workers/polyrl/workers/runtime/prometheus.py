@@ -25,6 +25,7 @@ job's `Ready` and the operator's scale latency are made of.
 | `polyrl_worker_idle_fraction` | share of time with nothing to do |
 | `polyrl_worker_dropped_prompts` | episodes dropped: prompt too long or refused (runner) |
 | `polyrl_worker_dropped_samples` | samples dropped: their reward failed (runner) |
+| `polyrl_worker_dropped_episodes{of,reason}` | episodes dropped whole, by policy and reason: prompt, turns, context, tool, environment (runner) |
 | `polyrl_worker_dead_letters` | messages this worker could not parse |
 | `polyrl_worker_staleness_p50`, `_p95` | the trainer's last batch: sample age in versions |
 | `polyrl_worker_stale_dropped` | samples the trainer dropped as older than maxStaleness |
@@ -110,6 +111,10 @@ class WorkerMetrics:
             "polyrl_worker_staleness", "age of each trained sample, in weight versions",
             list(labels), buckets=STALENESS_BUCKETS, registry=self.registry,
         ).labels(**labels)  # fmt: skip
+        self.dropped = Gauge(
+            "polyrl_worker_dropped_episodes", "episodes the runner dropped whole, by the policy "
+            "they name (`of`) and reason", [*labels, "of", "reason"], registry=self.registry,
+        )  # fmt: skip
         self.published_bytes = Counter(
             "polyrl_worker_published_bytes", "bytes of weight objects published, by kind",
             [*labels, "kind"], registry=self.registry,
@@ -131,6 +136,9 @@ class WorkerMetrics:
             value = getattr(beat, field)
             if value is not None:
                 gauge.set(float(value))
+        for policy, reasons in (beat.dropped_episodes or {}).items():
+            for reason, count in reasons.items():
+                self.dropped.labels(**self.labels, of=policy, reason=reason).set(count)
 
     def observe_staleness(self, ages: Mapping[int, int]) -> None:
         """A trained batch's samples, counted by age (`grpo.age_histogram`)."""

@@ -156,6 +156,11 @@ class Learner:
         self.state.step += 1
         stats["reward"] = sum(s.reward for s in samples) / len(samples)
         stats["trained_fraction"] = len(trained) / len(samples)
+        # Tokens after the prompt the policy was shown, not trained on (a tool's output, a
+        # user's turn in a conversation): 0 for one-turn samples.
+        after = sum(len(s.completion_ids) for s in samples)
+        shown = after - sum(map(batching.trained_tokens, samples))
+        stats["shown_fraction"] = shown / after if after else 0.0
         # Staleness: the mean age of the batch's samples in weight versions, and the share of
         # each age (`staleness_<age>`): whether maxStaleness drops much, or rollouts keep up.
         ages = grpo.age_histogram(samples, current_version=self.state.version)

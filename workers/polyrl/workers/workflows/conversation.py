@@ -33,6 +33,7 @@ from typing import Any
 
 from polyrl.api.wire import GenerationResponse
 from polyrl.workers.models.prompts import PromptError
+from polyrl.workers.workflows.dropped import EpisodeDropped
 from polyrl.workers.workflows.sample import Sample
 
 Message = Mapping[str, str]
@@ -42,12 +43,8 @@ class TemplateRewritesHistory(PromptError):
     """The policy's chat template renders earlier turns differently once a message follows."""
 
 
-class ConversationTooLong(PromptError):
+class ConversationTooLong(EpisodeDropped):
     """A conversation past `workflow.maxTurns` or `workflow.maxContextTokens`."""
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 class ConversationOrder(ValueError):

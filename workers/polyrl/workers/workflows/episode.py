@@ -108,7 +108,7 @@ class Episode:
     ) -> list[Conversation]:
         """`n` replies of the policy to `conversation`, each a conversation of its own (a
         group's samples branch here). The budget is `generate`'s, cut to what is left of
-        `workflow.maxContextTokens`; past `workflow.maxTurns`, or with no room left, the
+        `workflow.maxContextTokens` (else of the model's context); past `workflow.maxTurns`, or with no room left, the
         episode is dropped (`ConversationTooLong`, counted by reason)."""
         limits, policy = self.spec.workflow, conversation.policy
         if conversation.replied:
@@ -117,16 +117,19 @@ class Episode:
             raise ConversationTooLong(
                 f"a conversation with {policy!r} reached workflow.maxTurns ({limits.max_turns})",
                 reason="turns",
+                policy=policy,
             )
+        context = limits.max_context_tokens or (await self._prompts(policy)).context
         budget = self.budget(policy, max_new_tokens)
-        if limits.max_context_tokens is not None:
-            budget = min(budget, limits.max_context_tokens - len(conversation.ids))
+        if context is not None:
+            budget = min(budget, context - len(conversation.ids))
             if budget < 1:
                 raise ConversationTooLong(
                     f"a conversation with {policy!r} of {len(conversation.ids)} tokens has no "
-                    f"room for a reply within workflow.maxContextTokens "
-                    f"({limits.max_context_tokens})",
+                    f"room for a reply within {context} tokens (workflow.maxContextTokens, "
+                    "else the model's context)",
                     reason="context",
+                    policy=policy,
                 )
         response = await self._generate(policy, list(conversation.ids), n, budget)
         return [conversation.with_reply(response, i) for i in range(len(response.completions))]

@@ -20,6 +20,11 @@ network namespace. Tools that run untrusted code (a code interpreter for a model
 belong in a container sandbox of their own (gVisor, Firecracker, a separate pod), called
 from a tool like any other service.
 
+At most one call per core runs at once in a process (the rest wait their turn, and their
+timeout starts when they do). Each call starts an interpreter and imports the tool's module:
+keep tools in light modules (the calculator example's takes 30 ms a call; importing polyrl's
+workflows as well would take ten times that).
+
 Outcomes: the tool's return value (`ToolResult.output`, JSON text); an exception the tool
 raised is its answer too (`ToolResult.error`, "ZeroDivisionError: division by zero"), for
 the policy to read, as a calculator shows an error. A tool that hangs past its timeout,
@@ -38,9 +43,12 @@ import shutil
 import signal
 import sys
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from polyrl.workers.workflows.dropped import EpisodeDropped
 
 DEFAULT_TIMEOUT = 5.0  # seconds
 DEFAULT_MEMORY = 512 * 2**20  # bytes of address space
@@ -103,7 +111,7 @@ sys.stdout.flush()
 """
 
 
-class ToolFailed(RuntimeError):
+class ToolFailed(EpisodeDropped):
     """A tool call that gave no answer: hung, died, refused, or returned garbage."""
 
     reason = "tool"
@@ -154,17 +162,38 @@ async def run_tool(
     request = {
         "tool": tool,
         "arguments": arguments,
-        "path": [os.path.abspath(p) for p in (sys.path if path is None else path)],
+        "path": _import_path(sys.path if path is None else path),
         "scratch": str(scratch),
         "memory": limits.memory,
         "cpu": max(1, int(limits.timeout) + 1),
         "file_bytes": limits.file_bytes,
     }
     try:
-        out = await _call(tool, request, limits)
+        async with _slots():  # the timeout counts from the start, not from the queue
+            out = await _call(tool, request, limits)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return _result(tool, out, limits)
+
+
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _slots() -> asyncio.Semaphore:
+    """The calls that may run at once on this event loop: one per core (at least two). A
+    runner with 32 episodes in flight would otherwise start 32 interpreters at once, on two
+    cores, and each would run out its timeout starting up."""
+    loop = asyncio.get_running_loop()
+    if loop not in _SLOTS:
+        _SLOTS[loop] = asyncio.Semaphore(max(2, os.cpu_count() or 1))
+    return _SLOTS[loop]
+
+
+def _import_path(path: list[str]) -> list[str]:
+    """`path` as absolute directories: the child runs in its scratch directory."""
+    return [os.path.abspath(p) for p in path]
 
 
 async def _call(tool: str, request: dict[str, Any], limits: Limits) -> bytes:
