@@ -20,6 +20,8 @@ LEARNING = "test_the_quickstart_solver_learns_from_rewards_and_the_verifier_impr
 THREE = "test_the_three_policy_example_warms_up_and_evaluates_every_policy"
 MATH_DATASET = "test_the_math_dataset_example_runs_from_files_to_synced_weights"
 TWO_TOKENIZERS = "test_two_policies_with_different_tokenizers_and_chat_templates_train_together"
+CALCULATOR = "test_the_calculator_example_calls_its_tool_and_trains_with_the_tools_output_masked"
+CRITIQUE = "test_the_critique_example_trains_a_solver_on_two_turns_around_the_verifiers_reply"
 VLLM_CPU = "test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment"
 SMOLLM2 = "test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_ones"
 SMOLLM2_SV = (
@@ -49,6 +51,8 @@ BY_COMMAND = {
     "kubectl apply -f examples/quickstart.yaml": CLUSTER_PATH,  # the same line in NOTES.txt
     "polyrl run examples/three-policies.yaml --run-dir runs/three": THREE,
     "polyrl run examples/two-tokenizers.yaml --run-dir runs/two": TWO_TOKENIZERS,
+    "polyrl run examples/calculator.yaml --run-dir runs/calculator": CALCULATOR,
+    "polyrl run examples/critique.yaml --run-dir runs/critique": CRITIQUE,
     "python examples/math_dataset.py --out data/math": MATH_DATASET,
     "polyrl run examples/math-dataset.yaml --run-dir runs/math": MATH_DATASET,
     "polyrl run examples/vllm-cpu.yaml --run-dir runs/vllm-cpu": VLLM_CPU,  # make test-vllm
