@@ -35,6 +35,24 @@ log = logging.getLogger("polyrl.worker")
 T = TypeVar("T")
 
 
+def engine_options(
+    policy: PolicySpec, others: list[PolicySpec], *, adapters: bool
+) -> dict[str, Any]:
+    """What the policy's engine is built with beyond its model, device and batch size: vLLM's
+    LoRA slots for every policy of the pool (`rollout.servedBy`), the torch engine's float32
+    compute where `model.dtype` asks for it (over the bfloat16 weights weight sync carries)."""
+    import torch
+
+    options: dict[str, Any] = {}
+    lora = policy.trainer.lora
+    if adapters and lora is not None and policy.rollout.engine == "vllm":
+        ranks = [lora.rank] + [p.trainer.lora.rank for p in others if p.trainer.lora]
+        options |= {"max_lora_rank": max(ranks), "max_loras": len(ranks)}
+    if policy.rollout.engine == "torch" and policy.model.dtype == "float32":
+        options["compute_dtype"] = torch.float32
+    return options
+
+
 async def build_rollout(
     rt: Runtime, *, device: str = "cpu", bundle_timeout: float = 300.0
 ) -> RolloutWorker:
@@ -79,20 +97,14 @@ async def build_rollout(
     lora = policy.trainer.lora
     alpha = lora.scale_alpha if lora is not None and lora.sync == LoraSync.ADAPTER else None
     store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
-    options: dict[str, Any] = {}
     if lora is not None and alpha is not None:  # the engine starts from the frozen base
         model.load_state_dict(await read_base(store, rt.stopping))
-        if policy.rollout.engine == "vllm":
-            ranks = [lora.rank] + [p.trainer.lora.rank for p in others if p.trainer.lora]
-            options |= {"max_lora_rank": max(ranks), "max_loras": len(ranks)}
-    if policy.rollout.engine == "torch" and policy.model.dtype == "float32":
-        options["compute_dtype"] = torch.float32  # over the bf16 weights, on any device
     engine = make_engine(
         str(policy.rollout.engine),
         model,
         device=device,
         max_batch_size=policy.rollout.max_batch_size,
-        **options,
+        **engine_options(policy, others, adapters=alpha is not None),
     )
     if alpha is not None and not isinstance(engine, ServesAdapters):
         raise ConfigError(
