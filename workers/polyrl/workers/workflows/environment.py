@@ -57,7 +57,9 @@ class Environment(Protocol):
     """One episode's world (see the module docstring)."""
 
     async def reset(self, problem: base.Problem) -> Sequence[Message]:
-        """Start on `problem`; the first observation."""
+        """Start on `problem`; the first observation. The same problem gives the same first
+        observation: a group's conversations start from one prompt (the first environment's),
+        and what differs between them is the policy's replies and what follows them."""
 
     async def step(self, action: str) -> Step:
         """The policy said `action`: what follows."""
