@@ -127,3 +127,18 @@ def test_a_new_group_that_is_not_ready_yet_is_timed_as_a_scale_up() -> None:
     assert clock.observe(g, desired=3, settled=True, now=4.0) == ("up", 4.0)
     clock.forget(g)
     assert clock.observe(g, desired=3, settled=True, now=9.0) is None
+
+
+def test_dropped_episodes_are_summed_over_the_runners_by_policy_and_reason() -> None:
+    beats = [
+        beat(
+            "j-workflow-0", "workflow", dropped_episodes={"agent": {"tool": 2}, "-": {"prompt": 1}}
+        ),
+        beat("j-workflow-1", "workflow", dropped_episodes={"agent": {"tool": 1, "turns": 4}}),
+        beat("j-trainer-0", "trainer"),  # not a runner: counts nothing
+        beat("j-workflow-2", "workflow"),  # a runner that dropped nothing yet
+    ]
+    by_policy = flow.dropped_episodes(beats)
+    assert by_policy == {"agent": {"tool": 3, "turns": 4}, "-": {"prompt": 1}}
+    assert flow.totals(by_policy) == {"prompt": 1, "tool": 3, "turns": 4}
+    assert flow.totals({"agent": {}}) is None  # nothing dropped: no figure

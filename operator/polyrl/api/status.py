@@ -68,6 +68,11 @@ class PolicyStatus(_Flow):
         False, description="Every trainer pod is Ready (training), or the trainer finished."
     )
     completed: bool = Field(False, description="The trainer finished its last step.")
+    dropped_episodes: dict[str, int] | None = Field(
+        None,
+        description="Episodes naming this policy that the workflow runners dropped whole, by "
+        "reason (turns, context, tool, environment, ...), in all.",
+    )
     output: str | None = Field(
         None,
         description="Where the policy's checkpoint is, as pvc://<claim>/<path>: a Hugging Face directory (weights, config, tokenizer) that polyrl export reads.",
@@ -105,6 +110,11 @@ class RLJobStatus(_Lifecycle):
         0, ge=0, description="Smallest published weight version over the policies."
     )
     rollouts: str = Field("0/0", description="Ready/desired rollout pods over all policies.")
+    dropped_episodes: dict[str, int] | None = Field(
+        None,
+        description="Episodes the workflow runners dropped whole, by reason (prompt, turns, "
+        "context, tool, environment, ...), in all: no sample of them reached a trainer.",
+    )
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job reached a terminal phase.")
     workflow_failures: int = Field(

@@ -35,6 +35,29 @@ def group_figures(beats: Iterable[Heartbeat], running: Collection[str]) -> dict[
     return figures
 
 
+def dropped_episodes(beats: Iterable[Heartbeat]) -> dict[str, dict[str, int]]:
+    """Episodes the workflow runners dropped whole, by policy (`-`: none named) and reason,
+    summed over the runners' heartbeats (each runner counts its own)."""
+    out: dict[str, dict[str, int]] = {}
+    for beat in beats:
+        if beat.role != Role.WORKFLOW.value:
+            continue
+        for policy, reasons in (beat.dropped_episodes or {}).items():
+            mine = out.setdefault(policy, {})
+            for reason, count in reasons.items():
+                mine[reason] = mine.get(reason, 0) + count
+    return out
+
+
+def totals(by_policy: dict[str, dict[str, int]]) -> dict[str, int] | None:
+    """`dropped_episodes`' counts by reason alone; None where there are none."""
+    out: dict[str, int] = {}
+    for reasons in by_policy.values():
+        for reason, count in reasons.items():
+            out[reason] = out.get(reason, 0) + count
+    return dict(sorted(out.items())) or None
+
+
 def _sync(beat: Heartbeat) -> dict[str, Any]:
     changed = beat.changed_fraction
     return {

@@ -47,9 +47,19 @@ def update(
     p.status.rollouts = (
         f"{sum(x.ready_rollouts for x in policies)}/{sum(x.desired_rollouts for x in policies)}"
     )
+    _dropped(p, policies)
     runners = [x for x in pods if x.role == "workflow" and not x.deleting]
     runners_ready = len([x for x in runners if x.ready]) >= p.job.spec.workflow.replicas
     jobphase.update(p, groups, ready=len(ready) == len(policies), runners_ready=runners_ready)
+
+
+def _dropped(p: JobReconcile, policies: Sequence[PolicyStatus]) -> None:
+    """Episodes the runners dropped whole, from their heartbeats (`flow.dropped_episodes`)."""
+    channel = p.ctx.hub.channel(p.ns, p.name)
+    by_policy = flow.dropped_episodes(channel.heartbeats.values() if channel else [])
+    for policy in policies:
+        policy.dropped_episodes = flow.totals({policy.name: by_policy.get(policy.name, {})})
+    p.status.dropped_episodes = flow.totals(by_policy)
 
 
 def _policy_status(

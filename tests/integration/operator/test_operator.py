@@ -169,6 +169,40 @@ async def _say_serving(url: str, ns: str, job: str, pod: str) -> None:
         await nc.close()
 
 
+async def _say_dropped(url: str, ns: str, job: str, pod: str) -> None:
+    """Put the heartbeat of a workflow runner that dropped episodes."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(JobNames(namespace=ns, job=job).heartbeats_bucket)
+        beat = Heartbeat(
+            pod=pod,
+            role="workflow",
+            state="serving",
+            at=time.time(),
+            dropped_episodes={"solver": {"tool": 3, "turns": 1}, "-": {"prompt": 2}},
+        )
+        await kv.put(JobNames.heartbeat_key(None, "workflow", pod), beat.model_dump_json().encode())
+    finally:
+        await nc.close()
+
+
+def test_episodes_the_runners_dropped_show_in_the_jobs_status_by_policy_and_reason(
+    kubectl: Kubectl, ns: str, nats_server: NatsServer
+) -> None:
+    apply(kubectl, ns, job_doc("drops"))
+    wait_until("the job's streams", lambda: get(kubectl, ns, "rljob", "drops").get("status"))
+    asyncio.run(_say_dropped(nats_server.url, ns, "drops", "drops-workflow-0"))
+    status = wait_until(
+        "the job's status to count the dropped episodes",
+        lambda: (
+            (s := get(kubectl, ns, "rljob", "drops").get("status", {})).get("droppedEpisodes") and s
+        ),
+    )
+    assert status["droppedEpisodes"] == {"prompt": 2, "tool": 3, "turns": 1}
+    [solver] = status["policies"]
+    assert solver["droppedEpisodes"] == {"tool": 3, "turns": 1}
+
+
 def test_a_pod_that_served_but_does_not_drain_is_deleted_after_the_drain_timeout(
     kubectl: Kubectl, ns: str, nats_server: NatsServer
 ) -> None:
