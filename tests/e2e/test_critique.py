@@ -24,7 +24,7 @@ def test_the_critique_example_trains_a_solver_on_two_turns_around_the_verifiers_
         policy: [r for r in records if r.get("policy") == policy and "shown_fraction" in r]
         for policy in ("solver", "verifier")
     }
-    assert [len(s) for s in steps.values()] == [10, 10]
+    assert [len(s) for s in steps.values()] == [6, 6]
     assert all(r["shown_fraction"] > 0.3 for r in steps["solver"])  # the critique, masked
     assert all(r["shown_fraction"] == 0 for r in steps["verifier"])  # one reply: all trained
     for policy in ("solver", "verifier"):

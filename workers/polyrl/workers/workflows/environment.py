@@ -188,7 +188,8 @@ class EnvironmentWorkflow:
             [conversation] = await episode.reply(conversation)
 
     def report(self) -> list[dict[str, Any]]:
-        """Episodes played, turns and tool calls per episode, the share that called a tool."""
+        """Conversations played (a group's each), turns and tool calls per conversation, the
+        share that called a tool."""
         tally, self.tally = self.tally, Tally()
         if not tally.episodes:
             return []
@@ -197,7 +198,7 @@ class EnvironmentWorkflow:
             {
                 "source": "workflow",
                 "policy": self.policy,
-                "episodes": n,
+                "conversations": n,
                 "turns_mean": tally.turns / n,
                 "tool_calls_mean": tally.tool_calls / n,
                 "tool_call_share": tally.with_tool_calls / n,
