@@ -47,17 +47,21 @@ def run_shared(
     seen: set[tuple[str, str]] = set()  # (PolicyGroup, role) of every pod while it ran
     served = {"solver": 0, "verifier": 0}  # the pool's per-policy counts, as its beats said
 
+    def beats() -> None:
+        for beat in asyncio.run(rollout_heartbeats(url, JobNames(namespace=ns, job=job))):
+            for policy, share in (beat.pool or {}).items():
+                served[policy] = max(served[policy], share.requests_served)
+
     def succeeded() -> bool:
         logs.collect()
         for pod in pods(kubectl, ns, job):
             labels = pod["metadata"]["labels"]
             seen.add((labels.get("polyrl.dev/policy-group", ""), labels["polyrl.dev/role"]))
-        for beat in asyncio.run(rollout_heartbeats(url, JobNames(namespace=ns, job=job))):
-            for policy, share in (beat.pool or {}).items():
-                served[policy] = max(served[policy], share.requests_served)
+        beats()
         return phase(kubectl, ns, job) == "Succeeded"
 
     wait_until("the job Succeeded", succeeded, timeout=timeout, interval=1)
+    beats()  # the pool's last heartbeat, where the run was over between two polls
     print(f"{job}: Succeeded in {time.monotonic() - started:.0f} s; pods {sorted(seen)}")
     status = kubectl.json("get", "pg", f"{job}-verifier", "-n", ns)["status"]
     assert status["servedBy"] == "solver", status
@@ -92,7 +96,7 @@ def test_the_operator_runs_two_lora_policies_on_one_shared_pool_to_the_end(
     # A name of its own: the node agent keeps trainer checkpoints by claim name, and a
     # trainer that finds one of an earlier run's resumes at its last step.
     doc["metadata"]["name"] = job = f"shared-{uuid.uuid4().hex[:6]}"
-    doc["spec"]["stop"]["steps"] = 8  # serving long enough for a few heartbeats to say so
+    doc["spec"]["stop"]["steps"] = 16  # serving long enough for a few heartbeats to say so
     with explained(kubectl, operator, logs):
         run_shared(doc, kubectl, real_ns, nats_server.url, logs, timeout=300)
         kubectl("delete", "rlj", job, "-n", real_ns, "--timeout=120s")
