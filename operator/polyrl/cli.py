@@ -35,7 +35,8 @@ def _run(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path("runs") / f"{job.metadata.name}-{stamp}"
     run = runner.LocalRun(job, run_dir, code_dir=code_dir, vllm_env=vllm_env)
-    policies = [p.name for p in job.spec.policies]
+    policies = [p.name for p in job.spec.trained()]  # a frozen policy has no steps to show
+    frozen = [p.name for p in job.spec.policies if p.frozen]
     runner.install_signal_handlers()
     code = 0
     try:
@@ -57,6 +58,8 @@ def _run(args: argparse.Namespace) -> int:
     state = report.read(run.metrics)
     for line in report.summary(state, policies) if state.steps else []:
         print(line, file=sys.stderr)
+    for name in frozen:
+        print(f"{name}  frozen: served, never trained", file=sys.stderr)
     title = f"{job.metadata.name}: reward and held-out figures by trainer step"
     plotted = report.plot(state, run_dir / "plot.png", title=title)
     print(

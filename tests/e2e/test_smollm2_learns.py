@@ -14,7 +14,8 @@ Each run's wall time, steps and step-time breakdown (waiting for generation, tra
 evaluation, weight publication) are printed, whatever the outcome. About 30 minutes on a
 2-core machine. The file's second test runs `examples/smollm2-solver-verifier.yaml`, two
 SmolLM2 policies together (about 17 minutes), its third the same two as LoRA adapters on
-one shared rollout pool (`examples/smollm2-solver-verifier-lora.yaml`). All:
+one shared rollout pool (`examples/smollm2-solver-verifier-lora.yaml`), its fourth a frozen
+SmolLM2 judging a SmolLM2 solver (`examples/smollm2-judge.yaml`). All:
 `make test-learning-smollm2`, never part of `make test`.
 """
 
@@ -42,6 +43,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.learning_smollm2]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-arithmetic.yaml"
 TWO_POLICIES = EXAMPLE.with_name("smollm2-solver-verifier.yaml")
 TWO_ADAPTERS = EXAMPLE.with_name("smollm2-solver-verifier-lora.yaml")
+JUDGED = EXAMPLE.with_name("smollm2-judge.yaml")
 GAIN = 0.15
 CONTROL_GAIN = 0.03
 RUN_SECONDS = 30 * 60  # one run's ceiling: three times a quiet machine's, for loaded ones
@@ -210,3 +212,30 @@ def both_trained(records: list[dict[str, Any]], seconds: float) -> None:
         assert all(0.0 <= v <= 1.0 for v in held_out.values()), said
         if policy == "solver":
             assert held_out[20] >= held_out[0], said
+
+
+def test_a_frozen_smollm2_judge_scores_a_smollm2_solver_with_its_agreement_reported(
+    tmp_path: Path,
+) -> None:
+    """The solver trains its 3 steps on the judge's verdicts; every verdict given is compared
+    with the exact reward. Prints the judge's figures, whatever they are: how well a 135M
+    model judges sums is measured here, not promised."""
+    records, seconds = run(tmp_path / "judged", JUDGED)
+    steps = [r["step"] for r in records if r.get("policy") == "solver" and "loss" in r]
+    judged = [r for r in records if r.get("source") == "workflow" and r.get("policy") == "judge"]
+    verdicts = sum(r["verdicts"] for r in judged)
+    agreed = sum(r["agreement"] * r["verdicts"] for r in judged)
+    yes = sum(r["judged_right_share"] * r["verdicts"] for r in judged)
+    right = sum(r["exactly_right_share"] * r["verdicts"] for r in judged)
+    runner = (tmp_path / "judged" / "runs" / "smollm2-judge" / "logs").glob("*workflow-0.log")
+    stopped = [
+        line for log in runner for line in log.read_text().splitlines() if "stopped:" in line
+    ]
+    print(
+        f"{seconds:.0f} s; solver steps {steps}; {verdicts} verdicts: agreement "
+        f"{agreed / max(verdicts, 1):.3f}, judged right {yes / max(verdicts, 1):.3f}, "
+        f"exactly right {right / max(verdicts, 1):.3f}; runner: {stopped}"
+    )
+    assert max(steps, default=0) >= 3, steps
+    assert verdicts >= 3 * 32  # every sample trained on was judged
+    assert stopped, "the runner did not say what it dropped"

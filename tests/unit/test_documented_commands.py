@@ -22,6 +22,8 @@ MATH_DATASET = "test_the_math_dataset_example_runs_from_files_to_synced_weights"
 TWO_TOKENIZERS = "test_two_policies_with_different_tokenizers_and_chat_templates_train_together"
 CALCULATOR = "test_the_calculator_example_calls_its_tool_and_trains_with_the_tools_output_masked"
 CRITIQUE = "test_the_critique_example_trains_a_solver_on_two_turns_around_the_verifiers_reply"
+JUDGE = "test_the_judge_example_scores_a_trained_solver_with_a_frozen_judges_verdicts"
+SMOLLM2_JUDGE = "test_a_frozen_smollm2_judge_scores_a_smollm2_solver_with_its_agreement_reported"
 VLLM_CPU = "test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment"
 SMOLLM2 = "test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_ones"
 SMOLLM2_SV = (
@@ -53,6 +55,8 @@ BY_COMMAND = {
     "polyrl run examples/two-tokenizers.yaml --run-dir runs/two": TWO_TOKENIZERS,
     "polyrl run examples/calculator.yaml --run-dir runs/calculator": CALCULATOR,
     "polyrl run examples/critique.yaml --run-dir runs/critique": CRITIQUE,
+    "polyrl run examples/judge.yaml --run-dir runs/judge": JUDGE,
+    "polyrl run examples/smollm2-judge.yaml --run-dir runs/smollm2-judge": SMOLLM2_JUDGE,
     "python examples/math_dataset.py --out data/math": MATH_DATASET,
     "polyrl run examples/math-dataset.yaml --run-dir runs/math": MATH_DATASET,
     "polyrl run examples/vllm-cpu.yaml --run-dir runs/vllm-cpu": VLLM_CPU,  # make test-vllm

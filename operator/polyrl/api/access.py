@@ -17,6 +17,7 @@ read by another job's workers.
 |---|---|---|
 | rollout (policy p) | responses to the runners' reply subjects; drained notices; its heartbeat; dead letters | p's requests (work queue); p's announcements and weights; its drain subject; the same for each policy p's pool serves (`rollout.servedBy: p`) |
 | trainer (policy p) | p's announcements; p's weights bucket (put, prune, bound); its heartbeat; dead letters | p's trajectories; the job's heartbeats; every weights bucket of the job (bundles, handoffs) |
+| publisher (frozen policy p) | p's announcements; p's weights bucket (put only); its heartbeat; dead letters | p's announcements and weights (whether version 0 is there already) |
 | workflow runner | every policy's requests and trajectories; its heartbeat; dead letters | replies to it; the job's heartbeats; every policy's announcements, weights buckets and trajectory consumer |
 | admin (operator, `polyrl run`) | everything in the account | everything |
 """
@@ -126,6 +127,21 @@ def _trainer(names: JobNames, policy: str, policies: Sequence[str]) -> Grant:
     )
 
 
+def _publisher(names: JobNames, policy: str) -> Grant:
+    """A frozen policy's publisher puts the bundle and version 0 into its bucket once, and
+    announces it; unlike a trainer it neither prunes nor bounds the bucket (one version is
+    all there is), and reads no trajectories, heartbeats or other policies' buckets."""
+    return Grant(
+        publish=[
+            *write_stream(names.weights_stream(policy), [names.weights_subject(policy)]),
+            *read_stream(names.weights_stream(policy)),
+            f"$O.{names.weights_bucket(policy)}.>",
+            *read_stream(_obj(names.weights_bucket(policy))),
+        ],
+        subscribe=[],
+    )
+
+
 def _workflow(names: JobNames, policies: Sequence[str]) -> Grant:
     publish = [f"{API}.STREAM.INFO.{names.dead_letter_stream}"]
     subscribe = [f"{names.prefix}.replies.*"]
@@ -153,7 +169,7 @@ def grant(
     """The permissions of `role` (for `policy`, where the role has one) in the job `names`
     whose policies are `policies`; a rollout pool's also cover the other policies it serves
     (`served`: those with `rollout.servedBy: policy`)."""
-    if role in (Role.ROLLOUT, Role.TRAINER) and policy not in policies:
+    if role in (Role.ROLLOUT, Role.TRAINER, Role.PUBLISHER) and policy not in policies:
         raise ValueError(
             f"a {role} needs one of the job's policies {list(policies)}, not {policy!r}"
         )
@@ -166,6 +182,8 @@ def grant(
             own = _trainer(names, str(policy), policies)
         case Role.WORKFLOW:
             own = _workflow(names, policies)
+        case Role.PUBLISHER:
+            own = _publisher(names, str(policy))
     common = _common(names, role, policy if role is not Role.WORKFLOW else None)
     return Grant(
         publish=_unique(common.publish + own.publish),

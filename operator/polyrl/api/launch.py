@@ -60,6 +60,7 @@ class Role(enum.StrEnum):
     TRAINER = "trainer"
     ROLLOUT = "rollout"
     WORKFLOW = "workflow"
+    PUBLISHER = "publisher"  # a frozen policy's: puts its model into the Object Store once
 
 
 class WorkerConfig(ApiModel):
@@ -67,7 +68,7 @@ class WorkerConfig(ApiModel):
 
     namespace: str = Field(description="Namespace of the job (`local` under polyrl run).")
     job: str = Field(description="RLJob name.")
-    role: Role = Field(description="trainer, rollout or workflow.")
+    role: Role = Field(description="trainer, rollout, workflow or publisher.")
     policy: str | None = Field(
         None, description="Policy trained or served (none for workflow runners)."
     )

@@ -85,7 +85,13 @@ class Heartbeat(ApiModel):
         description="Workflow runner: episodes dropped whole, by policy (`-` where the cause "
         "names none) and reason: `prompt` (a prompt a policy cannot take), `turns` and "
         "`context` (a conversation past workflow.maxTurns or maxContextTokens), `tool`, "
-        "`environment`, or a workflow's own.",
+        "`environment`, `generation` (no rollout answered), `judge` (a verdict failed), or "
+        "a workflow's own.",
+    )
+    judge_fallbacks: dict[str, int] | None = Field(
+        None,
+        description="Workflow runner: verdicts of each judging policy that failed and were "
+        "replaced by workflow.judge.fallbackScore (the episodes went on).",
     )
     failed_episodes: int = Field(
         0,

@@ -53,6 +53,11 @@ def trainer_service(group: str) -> str:
     return f"{group}-trainer"
 
 
+def publisher_pod(group: str) -> str:
+    """A frozen policy's publisher (`frozen: true`): one pod, in place of the trainer."""
+    return f"{group}-publisher"
+
+
 def rollout_pod(group: str, replica: int) -> str:
     return f"{group}-rollout-{replica}"
 

@@ -6,7 +6,8 @@ launches as Pods) and `polyrl run` (which renders them as processes).
 
 PolicyGroups come from the job's policies; launches come from the groups, because a group
 may have been scaled (`kubectl scale`) or applied by a user since. A group's trainer runs
-only in the group the job owns. A suspended or finished job plans no launches at all.
+only in the group the job owns; a frozen policy's group the job owns runs a publisher
+instead (`frozen: true`: it puts the model into the Object Store once). A suspended or finished job plans no launches at all.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def policy_groups(job: RLJob) -> list[PolicyGroup]:
             spec=PolicyGroupSpec(
                 job_ref=job.metadata.name,
                 policy=p.name,
-                trainer=p.trainer,
+                trainer=None if p.frozen else p.trainer,
+                frozen=p.frozen,
                 rollout=p.rollout,
                 image=p.image,
             ),
@@ -127,9 +129,12 @@ def group_launches(
     nats_url: str,
     entrypoints: Entrypoints = DEFAULT_ENTRYPOINTS,
 ) -> list[WorkerLaunch]:
-    """A group's trainer launches (if it has a trainer) and its rollout launches (none for
-    a policy another policy's pool serves: `rollout.servedBy`)."""
+    """A group's trainer launches (if it has a trainer), its publisher (a frozen policy's
+    group the job owns) and its rollout launches (none for a policy another policy's pool
+    serves: `rollout.servedBy`)."""
     launches = []
+    if group.spec.frozen:
+        launches.append(_publisher(job, group, policy, nats_url, entrypoints))
     trainer = group.spec.trainer
     if trainer is not None:
         launches += [
@@ -282,6 +287,31 @@ def _trainer(
         data_claims=data_claims(job),
         data_configmaps=data_volumes(job, "configmap"),
         data_secrets=data_volumes(job, "secret"),
+        config=config,
+    )
+
+
+def _publisher(
+    job: RLJob, group: PolicyGroup, policy: PolicySpec, nats_url: str, entrypoints: Entrypoints
+) -> WorkerLaunch:
+    """A frozen policy's publisher: it reads the model as a trainer would (so it mounts the
+    model's claims) and publishes it once; it keeps no checkpoint."""
+    name = group.metadata.name
+    url = group.spec.nats_url or nats_url
+    config = _config(job, Role.PUBLISHER, url, policy=policy.name, group=name)
+    return WorkerLaunch(
+        name=naming.publisher_pod(name),
+        role=Role.PUBLISHER,
+        policy=policy.name,
+        policy_group=name,
+        image=group.spec.image or policy.image or job.spec.image,
+        command=[*entrypoints.worker, Role.PUBLISHER.value],
+        env={CONFIG_ENV: config.to_env()},
+        labels=_labels(job, Role.PUBLISHER, 0, group),
+        resources=policy.trainer.resources,
+        node_selector=policy.trainer.node_selector,
+        tolerations=policy.trainer.tolerations,
+        model_claims=model_claims(policy),
         config=config,
     )
 

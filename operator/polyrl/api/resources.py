@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, WithJsonSchema, model_validator
 
-from polyrl.api import sharedpool, taskparams
+from polyrl.api import frozen, sharedpool, taskparams
 from polyrl.api._version import DEFAULT_IMAGE
 from polyrl.api.base import ApiModel, Dns1035Name, Quantity, Resources, Toleration
 from polyrl.api.lora import LoraSpec as LoraSpec
@@ -307,7 +307,15 @@ class RolloutSpec(ApiModel):
 
 
 class PolicySpec(ApiModel):
-    """One trained policy: its model, trainer, first rollout pool and weight sync."""
+    """One policy: its model, trainer (unless frozen), first rollout pool and weight sync."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {"rule": frozen.POLICY_RULE, "message": frozen.POLICY_MESSAGE}
+            ]
+        }
+    }
 
     name: Annotated[
         str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", min_length=1, max_length=40)
@@ -316,7 +324,17 @@ class PolicySpec(ApiModel):
     image: str | None = Field(
         None, description="Worker image for this policy (default: the job's)."
     )
-    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The policy's trainer.")
+    frozen: bool = Field(
+        False,
+        description="Serve this policy without training it (a judge, a reward model, a fixed "
+        "opponent): its PolicyGroup has rollout replicas and a publisher, which puts the "
+        "model bundle and its weights (version 0) into the policy's Object Store bucket once, "
+        "and no trainer. Workflows call it like any policy; a sample emitted for it is an "
+        "error. Needs algorithm.mode async, and at least one policy of the job trained.",
+    )
+    trainer: TrainerSpec = Field(
+        default_factory=TrainerSpec, description="The policy's trainer (none when frozen)."
+    )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec, description="The first rollout pool (seeds the PolicyGroup)."
     )
@@ -338,6 +356,12 @@ class PolicySpec(ApiModel):
         le=65536,
         description="This policy's generation budget (default: its role's, else algorithm.maxNewTokens).",
     )
+
+    @model_validator(mode="after")
+    def _frozen(self) -> PolicySpec:
+        if problem := frozen.policy_problems(self):
+            raise ValueError(problem)
+        return self
 
 
 class TaskSpec(ApiModel):
@@ -365,6 +389,25 @@ class TaskSpec(ApiModel):
         return self
 
 
+class JudgeSpec(ApiModel):
+    """How a workflow's rewards that ask a policy (LLM-as-judge) handle its failures."""
+
+    timeout_seconds: float = Field(
+        120.0,
+        gt=0,
+        le=3600,
+        description="How long one verdict may take (the judge's generation, queueing "
+        "included); past it the verdict has failed.",
+    )
+    fallback_score: float | None = Field(
+        None,
+        description="The reward used when a verdict fails (the judge timed out, its pool "
+        "failed, or its answer parses as no verdict), counted apart (heartbeat and metric "
+        "`judge_fallbacks`). Unset: the episode is dropped and counted (reason `judge`), so "
+        "no sample is trained on a reward nobody gave.",
+    )
+
+
 class WorkflowSpec(ApiModel):
     """How episodes run across policies."""
 
@@ -382,6 +425,11 @@ class WorkflowSpec(ApiModel):
         None,
         description="solver-verifier: the verifier's chat template and verdict parser "
         "(docs/workflows.md); unset: the built-in format for generated tasks.",
+    )
+    judge: JudgeSpec = Field(
+        default_factory=JudgeSpec,
+        description="Rewards a policy gives (Episode.judge: a frozen judge or reward model): "
+        "their timeout and what a failed verdict does (docs/workflows.md).",
     )
     max_turns: int = Field(
         8,
@@ -467,6 +515,8 @@ class RLJobSpec(ApiModel):
                     "message": _OWN_STEPS_MESSAGE,
                 },
                 {"rule": sharedpool.RULE, "message": sharedpool.MESSAGE},
+                {"rule": frozen.JOB_RULE, "message": frozen.JOB_MESSAGE},
+                {"rule": frozen.SYNC_RULE, "message": frozen.SYNC_MESSAGE},
             ]
         }
     }
@@ -510,6 +560,12 @@ class RLJobSpec(ApiModel):
         return self
 
     @model_validator(mode="after")
+    def _frozen_policies(self) -> RLJobSpec:
+        if problem := frozen.job_problems(self):
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
     def _shared_pools(self) -> RLJobSpec:
         for policy in self.policies:
             if policy.rollout.served_by is not None:
@@ -532,14 +588,22 @@ class RLJobSpec(ApiModel):
             return []
         return [name] + [p.name for p in self.policies if p.rollout.served_by == name]
 
+    def trained(self) -> list[PolicySpec]:
+        """The policies a trainer trains: all but the frozen."""
+        return [p for p in self.policies if not p.frozen]
+
     def steps_of(self, policy: PolicySpec) -> int | None:
-        """How many steps `policy` trains: its own `trainer.steps`, else the job's stop.steps."""
+        """How many steps `policy` trains: its own `trainer.steps`, else the job's stop.steps
+        (None for a frozen policy, which trains none)."""
+        if policy.frozen:
+            return None
         return policy.trainer.steps if policy.trainer.steps is not None else self.stop.steps
 
     def all_steps(self) -> dict[str, int] | None:
-        """Every policy's step budget, or None when some policy has none (it stops by time)."""
+        """Every trained policy's step budget, or None when some trained policy has none (it
+        stops by time)."""
         steps = {}
-        for policy in self.policies:
+        for policy in self.trained():
             last = self.steps_of(policy)
             if last is None:
                 return None
@@ -554,7 +618,13 @@ class PolicyGroupSpec(ApiModel):
     )
     trainer: TrainerSpec | None = Field(
         None,
-        description="Present only in the group the RLJob created; a capacity-only group has none.",
+        description="Present only in the group the RLJob created for a trained policy; a "
+        "capacity-only group, and a frozen policy's, has none.",
+    )
+    frozen: bool = Field(
+        False,
+        description="The group the RLJob created for a frozen policy: a publisher puts its "
+        "model into the Object Store once, in place of a trainer.",
     )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec,

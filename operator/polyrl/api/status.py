@@ -68,6 +68,7 @@ class PolicyStatus(_Flow):
         False, description="Every trainer pod is Ready (training), or the trainer finished."
     )
     completed: bool = Field(False, description="The trainer finished its last step.")
+    frozen: bool = Field(False, description="Served, never trained (frozen: true).")
     dropped_episodes: dict[str, int] | None = Field(
         None,
         description="Episodes naming this policy that the workflow runners dropped whole, by "
@@ -143,6 +144,11 @@ class PolicyGroupStatus(_Lifecycle, _Flow):
         None,
         description="The policy whose rollout pool serves this one (rollout.servedBy): this "
         "group has no rollout pods; that policy's PolicyGroup holds and scales the pool.",
+    )
+    frozen: bool = Field(
+        False,
+        description="The policy is served, never trained (its spec says frozen: true): a "
+        "publisher put its model into the Object Store once, and no trainer runs.",
     )
     trainer_pods: int = Field(0, ge=0, description="Running trainer pods.")
     trainer_ready_pods: int = Field(

@@ -46,7 +46,7 @@ from polyrl.local.podenv import expand
 # episodes finish (up to its 20 s drain timeout), which needs the rollout workers still
 # answering: stopped all together, every quick start ended by waiting out that timeout for
 # replies that could no longer come (23 s from the trainers' exit to the end of the run).
-STOP_ORDER = (Role.WORKFLOW, Role.ROLLOUT, Role.TRAINER)
+STOP_ORDER = (Role.WORKFLOW, Role.ROLLOUT, Role.PUBLISHER, Role.TRAINER)
 STOP_GRACE = 20.0
 CAUSE_LINES = 5  # of a failed process's log, when it left no termination message
 

@@ -27,6 +27,7 @@ from polyrl.operator import (
     grouppass,
     groupstatus,
     metrics,
+    publishers,
     refused,
     report,
     rollouts,
@@ -96,6 +97,7 @@ async def _run(p: GroupReconcile, job_body: Mapping[str, Any] | None) -> None:
         entrypoints=p.ctx.settings.entrypoints,
     )
     await trainers.run(p, policy, [x for x in launches if x.role == Role.TRAINER])
+    await publishers.run(p, policy, [x for x in launches if x.role == Role.PUBLISHER])
     await rollouts.run(p, [x for x in launches if x.role == Role.ROLLOUT])
 
 

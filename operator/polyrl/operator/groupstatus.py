@@ -70,6 +70,9 @@ def _served_versions(p: GroupReconcile) -> list[int]:
 def _progress(p: GroupReconcile) -> None:
     """Progress and ETA of a group with the trainer (`progress`)."""
     policy = p.job.spec.policy(p.group.spec.policy) if p.job else None
+    if p.group.spec.frozen:
+        p.status.progress = "frozen"  # what the printer column shows for a served-only policy
+        return
     if p.job is None or policy is None or not p.group.spec.trainer:
         return
     budget = p.job.spec.steps_of(policy)
@@ -91,8 +94,9 @@ def _phase_and_ready(p: GroupReconcile) -> None:
     trainer = find_condition(p.status.conditions, ConditionType.TRAINER_HEALTHY)
     rollouts = find_condition(p.status.conditions, ConditionType.ROLLOUTS_READY)
     rollouts_ok = rollouts is not None and rollouts.status == ConditionStatus.TRUE
-    trainer_ok = p.group.spec.trainer is None or (
-        trainer is not None and trainer.reason in ("Running", "Completed")
+    needs_trainer = p.group.spec.trainer is not None or p.group.spec.frozen
+    trainer_ok = not needs_trainer or (
+        trainer is not None and trainer.reason in ("Running", "Completed", "Published")
     )
     serving = (
         p.status.ready_replicas > 0
@@ -114,8 +118,12 @@ def _phase_and_ready(p: GroupReconcile) -> None:
         ConditionType.READY,
         ok,
         "Ready" if ok else ("Degraded" if started else "NotReady"),
-        "the trainer trains and the rollouts serve" if ok else "; ".join(degraded),
+        (_READY_FROZEN if p.group.spec.frozen else _READY) if ok else "; ".join(degraded),
     )
+
+
+_READY = "the trainer trains and the rollouts serve"
+_READY_FROZEN = "the model is published (frozen: never trained) and the rollouts serve"
 
 
 def _workers_healthy(p: GroupReconcile) -> None:

@@ -41,9 +41,10 @@ def update(
     p.status.policies = policies
     ready = [x for x in policies if x.trainer_ready and x.ready_rollouts >= x.desired_rollouts]
     p.status.policies_ready = f"{len(ready)}/{len(policies)}"
-    p.status.step = min((x.step for x in policies), default=0)
+    trained = [x for x in policies if not x.frozen]  # a frozen policy stays at step 0
+    p.status.step = min((x.step for x in trained), default=0)
     _progress(p, by_name)
-    p.status.weight_version = min((x.weight_version for x in policies), default=0)
+    p.status.weight_version = min((x.weight_version for x in trained), default=0)
     p.status.rollouts = (
         f"{sum(x.ready_rollouts for x in policies)}/{sum(x.desired_rollouts for x in policies)}"
     )
@@ -69,9 +70,9 @@ def _policy_status(
     trainer = (
         find_condition(owned.status.conditions, ConditionType.TRAINER_HEALTHY) if owned else None
     )
-    # Ready means training (its pods said so), or done; a trainer still loading, warming up
-    # or evaluating is healthy but not ready.
-    trainer_ready = trainer is not None and trainer.reason in ("Running", "Completed")
+    # Ready means training (its pods said so), or done, or (frozen) published; a trainer
+    # still loading, warming up or evaluating is healthy but not ready.
+    trainer_ready = trainer is not None and trainer.reason in ("Running", "Completed", "Published")
     # Groups without a ready rollout would drag the figure to 0; once none is ready (the job
     # ended), the job's own group says what it last served, or the trainer's final version.
     ready = [
@@ -92,6 +93,7 @@ def _policy_status(
         desired_rollouts=sum(g.spec.rollout.replicas for g in mine if not g.status.served_by),
         trainer_ready=trainer_ready,
         completed=completed,
+        frozen=policy.frozen,
         output=plan.checkpoint_output(job, policy),
         **flow.policy_figures([g.status for g in mine], owned.status if owned else None),
     )

@@ -59,11 +59,12 @@ def secret_for(job: RLJob, settings: OperatorSettings) -> str | None:
 
 
 def users(job: RLJob) -> Iterator[tuple[Role, str | None]]:
-    """Every NATS user the job's pods connect as; none for the rollout pods a policy served
-    by another policy's pool does not have."""
+    """Every NATS user the job's pods connect as: a trainer per policy (a publisher for a
+    frozen one); none for the rollout pods a policy served by another policy's pool does
+    not have."""
     yield Role.WORKFLOW, None
     for policy in job.spec.policies:
-        yield Role.TRAINER, policy.name
+        yield (Role.PUBLISHER if policy.frozen else Role.TRAINER), policy.name
         if policy.rollout.served_by is None:
             yield Role.ROLLOUT, policy.name
 

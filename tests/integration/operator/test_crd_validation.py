@@ -57,6 +57,7 @@ def job(**changes: Any) -> dict[str, Any]:
 
 
 SERVED_BY = "rollout.servedBy must name another policy of the job"
+FROZEN = "a frozen policy is never trained"
 
 
 def lora_job(
@@ -99,6 +100,20 @@ def test_a_shared_pool_of_two_lora_policies_is_accepted(
     proc = apply(kubectl, namespace, doc)
     assert proc.returncode == 0, proc.stderr
     RLJob.model_validate({**doc, "metadata": {"name": "valid", "namespace": "x"}})
+
+
+def test_a_job_with_a_frozen_judge_is_accepted(
+    kubectl: Kubectl, crds_applied: None, namespace: str
+) -> None:
+    doc = job(spec__policies__1__frozen=True)
+    proc = apply(kubectl, namespace, doc)
+    assert proc.returncode == 0, proc.stderr
+    stored = kubectl.json("get", "rlj", "valid", "-n", namespace)
+    assert stored["spec"]["policies"][1]["frozen"] is True
+    assert stored["spec"]["policies"][0]["frozen"] is False  # defaulted
+    assert RLJob.model_validate({**doc, "metadata": {"name": "valid"}}).spec.trained()[0].name == (
+        "solver"
+    )
 
 
 @pytest.mark.parametrize(
@@ -164,6 +179,24 @@ def test_a_shared_pool_of_two_lora_policies_is_accepted(
         (lora_job(solver="verifier", verifier="solver"), SERVED_BY),
         (lora_job(lora=("verifier", "judge"), verifier="solver"), SERVED_BY),
         (lora_job(lora=("solver", "judge"), verifier="solver"), SERVED_BY),
+        (
+            job(spec__policies__1__frozen=True, spec__policies__1__trainer={"lora": {"rank": 4}}),
+            FROZEN,
+        ),
+        (
+            job(spec__policies__1__frozen=True, spec__policies__1__trainer={"warmupSteps": 5}),
+            FROZEN,
+        ),
+        (job(spec__policies__1__frozen=True, spec__policies__1__trainer={"evalEvery": 5}), FROZEN),
+        (job(spec__policies__1__frozen=True, spec__policies__1__trainer={"steps": 5}), FROZEN),
+        (
+            job(spec__policies__0__frozen=True, spec__policies__1__frozen=True),
+            "every policy is frozen: a job trains at least one policy",
+        ),
+        (
+            job(spec__policies__1__frozen=True, spec__algorithm={"mode": "sync"}),
+            "frozen policies need algorithm.mode async",
+        ),
     ],
     ids=[
         "replicas-outside-bounds",
@@ -187,6 +220,12 @@ def test_a_shared_pool_of_two_lora_policies_is_accepted(
         "served-by-each-other",
         "served-by-a-policy-without-lora",
         "served-without-lora-itself",
+        "frozen-with-lora",
+        "frozen-with-a-warm-up",
+        "frozen-with-an-evaluation",
+        "frozen-with-steps",
+        "every-policy-frozen",
+        "frozen-in-sync-mode",
     ],
 )
 def test_bad_manifests_are_rejected_with_a_readable_message(

@@ -26,6 +26,7 @@ from .helpers import (
     apply,
     events,
     fail_pod,
+    finish_pod,
     get,
     job_doc,
     live,
@@ -347,6 +348,49 @@ def test_a_policy_served_by_another_policys_pool_has_no_rollout_pods_and_says_wh
     )
     time.sleep(2)  # a pass that would create pods has had time to
     assert len(live(pods(kubectl, ns, "polyrl.dev/policy-group=shared-verifier"))) == 1
+
+
+def test_a_frozen_policys_group_runs_a_publisher_not_a_trainer_and_says_frozen(
+    kubectl: Kubectl, ns: str
+) -> None:
+    doc = job_doc("fz")
+    doc["spec"]["policies"].append(
+        {"name": "judge", "frozen": True, "model": {"path": "tiny-llama://j"},
+         "trainer": {"restartLimit": 2}, "rollout": {"replicas": 1}}
+    )  # fmt: skip
+    apply(kubectl, ns, doc)
+    group = "polyrl.dev/policy-group=fz-judge"
+    wait_running(kubectl, ns, group, 2)
+    roles = sorted(
+        p["metadata"]["labels"]["polyrl.dev/role"] for p in live(pods(kubectl, ns, group))
+    )
+    assert roles == ["publisher", "rollout"]
+    pg = wait_condition(kubectl, ns, "pg", "fz-judge", "TrainerHealthy", "Publishing")
+    assert pg["status"]["frozen"] is True
+    assert pg["status"]["progress"] == "frozen"
+    fail_pod(kubectl, ns, "fz-judge-publisher")  # replaced after the backoff, counted
+    wait_condition(kubectl, ns, "pg", "fz-judge", "TrainerHealthy", "Restarting")
+    wait_until(
+        "a new publisher pod",
+        lambda: [p["status"].get("phase") for p in live(pods(kubectl, ns, group))
+                 if p["metadata"]["name"] == "fz-judge-publisher"] == ["Running"],
+        timeout=60,
+    )  # fmt: skip
+    finish_pod(kubectl, ns, "fz-judge-publisher")  # it published and exited 0
+    pg = wait_condition(kubectl, ns, "pg", "fz-judge", "TrainerHealthy", "Published")
+    assert pg["status"]["trainerRestarts"] == 1
+    job = wait_until(
+        "the job's line for the judge saying frozen",
+        lambda: next(
+            (x for x in get(kubectl, ns, "rlj", "fz").get("status", {}).get("policies", [])
+             if x["name"] == "judge" and x.get("frozen")),
+            None,
+        ),
+    )  # fmt: skip
+    assert job["trainerReady"] is True  # published counts as ready for a frozen policy
+    time.sleep(2)  # a pass that would start it again has had time to
+    names = [p["metadata"]["name"] for p in pods(kubectl, ns, group)]
+    assert "fz-judge-trainer-0" not in names
 
 
 def test_a_group_naming_a_missing_job_or_policy_gets_a_condition_and_no_pods(

@@ -253,6 +253,52 @@ async def test_a_trainer_user_writes_only_its_own_policys_weights(cluster: Clust
     assert trainer.violations() == len(attempts)
 
 
+async def test_a_publisher_user_puts_its_frozen_policys_model_and_nothing_else(
+    cluster: Cluster,
+) -> None:
+    publisher = await cluster.user(A, Role.PUBLISHER, "judge")
+    js = publisher.nc.jetstream()
+    own, other = A.weights_bucket("judge"), A.weights_bucket("solver")
+    attempts: dict[str, Callable[[], Awaitable[object]]] = {
+        "write another policy's weights bucket": lambda: publisher.nc.publish(
+            f"$O.{other}.C.forged", b"x"
+        ),
+        "announce another policy's weights": lambda: publisher.nc.publish(
+            A.weights_subject("solver"), b"{}"
+        ),
+        # Unlike a trainer's, its bucket is never bounded or pruned by it.
+        "purge its own weights bucket": lambda: js.purge_stream(f"OBJ_{own}"),
+        "bound its own weights bucket": lambda: publisher.nc.request(
+            f"$JS.API.STREAM.UPDATE.OBJ_{own}", b"{}", timeout=REFUSAL_WAIT
+        ),
+        "publish requests": lambda: publisher.nc.publish(A.requests_subject("judge"), b"{}"),
+        "publish trajectories": lambda: publisher.nc.publish(
+            A.trajectories_subject("solver"), b"{}"
+        ),
+        "read trajectories": lambda: js.pull_subscribe(
+            A.trajectories_subject("solver"), stream=A.trajectories_stream("solver")
+        ),
+        "read the job's heartbeats": lambda: publisher.nc.request(
+            f"$JS.API.DIRECT.GET.KV_{A.heartbeats_bucket}", b"{}", timeout=REFUSAL_WAIT
+        ),
+        "write job B's weights bucket": lambda: publisher.nc.publish(
+            f"$O.{B.weights_bucket('judge')}.C.forged", b"x"
+        ),
+    }
+    table = {what: await refused(publisher, attempt) for what, attempt in attempts.items()}
+    print_table("publisher of team-a/math, frozen policy judge", table)
+    assert all(table.values()), [what for what, ok in table.items() if not ok]
+    assert await messages(cluster.admin, f"OBJ_{other}") == 0
+    assert await messages(cluster.admin, A.trajectories_stream("solver")) == 0
+    bucket = await js.object_store(own)  # what it is for: its own bucket takes the model
+    await bucket.put("bundle", b"config and tokenizer")
+    await publisher.nc.jetstream().publish(A.weights_subject("judge"), b"{}")
+    written = await cluster.admin.jetstream().object_store(own)
+    assert (await written.get("bundle")).data == b"config and tokenizer"
+    assert await messages(cluster.admin, A.weights_stream("judge")) == 1
+    assert publisher.violations() == len(attempts)
+
+
 def print_table(who: str, table: dict[str, bool]) -> None:
     print(f"\n{who}: {sum(table.values())} of {len(table)} attempts refused")
     for what, ok in table.items():

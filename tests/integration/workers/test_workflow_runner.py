@@ -78,12 +78,21 @@ async def publish_policy(
 
 
 async def start_workers(
-    url: str, js: object, names: JobNames, job: RLJobSpec, tmp_path: Path
+    url: str,
+    js: object,
+    names: JobNames,
+    job: RLJobSpec,
+    tmp_path: Path,
+    *,
+    unserved: tuple[str, ...] = (),
 ) -> tuple[list[Runtime], list[asyncio.Task[Any]], WorkflowRunner]:
-    """A rollout worker per policy (its weights published first) and a running workflow runner."""
+    """A rollout worker per policy (its weights published first) but those `unserved` (their
+    weights published, no worker), and a running workflow runner."""
     runtimes, tasks = [], []
     for policy in (p.name for p in job.policies):
         await publish_policy(js, names, policy, tmp_path)
+        if policy in unserved:
+            continue
         config = WorkerConfig(
             namespace="t", job=names.job, role=Role.ROLLOUT, policy=policy, nats_url=url, spec=job
         )
@@ -480,6 +489,57 @@ async def test_prompts_a_policy_cannot_take_drop_their_episodes_counted_and_the_
     assert all(len(t.prompt_tokens) == 5 for t in got)  # only the short prompt got through
     assert runner.dropped_prompts >= 2
     assert runner.failed == 0
+
+
+async def judged_or_asked(episode: Episode) -> None:
+    """A workflow for the next test: the solver answers, then, in turn, the judge (whose
+    pool never answers) is asked for a verdict (`judge`) or plainly (`generate`)."""
+    response = await episode.generate("solver", "1+1=", 2)
+    if episode.rng.randrange(2):
+        await episode.judge("judge", "is 2 right?", lambda text: 1.0)
+    else:
+        await episode.generate("judge", "1+1=", 1)
+    for i in range(len(response.completions)):
+        await episode.emit("solver", "g", response, i, 1.0)
+
+
+async def test_a_judge_or_pool_that_never_answers_drops_episodes_counted_by_reason(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single").model_copy(deep=True)
+    judge = job.policies[0].model_copy(update={"name": "judge", "frozen": True})
+    job.policies.append(judge)
+    job.workflow.judge.timeout_seconds = 0.6
+    job.workflow.name = f"{__name__}:judged_or_asked"  # two policies: not `single`
+    nc = await nats.connect(nats_server.url)
+    await natsconfig.ensure(nc.jetstream(), names, ["solver", "judge"])
+    runtimes, tasks, runner = await start_workers(
+        nats_server.url, nc.jetstream(), names, job, tmp_path, unserved=("judge",)
+    )
+    runner.generation.request_timeout, runner.generation.retries = 0.3, 1
+    try:
+        await wait_until_async(
+            "episodes dropped for both reasons",
+            lambda: (
+                {("judge", "judge"), ("judge", "generation")}
+                <= set(runner.accounts.dropped_by_reason)
+            ),
+            timeout=60,
+        )
+        await runner.rt.beat()
+        entry = await nc.jetstream().key_value(names.heartbeats_bucket)
+        beat = Heartbeat.model_validate_json(
+            (await entry.get(JobNames.heartbeat_key(None, "workflow", "workflow-0"))).value or b""
+        )
+        trajectories = await nc.jetstream().stream_info(names.trajectories_stream("solver"))
+    finally:
+        await stop_workers(runtimes, tasks)
+        await nc.close()
+    assert set((beat.dropped_episodes or {})["judge"]) == {"judge", "generation"}
+    assert runner.failed == 0
+    assert runner.episodes == 0
+    assert trajectories.state.messages == 0  # nothing of a dropped episode was sent
 
 
 class RewardAlwaysFails:

@@ -1,6 +1,6 @@
 """`polyrl worker <role>`: the entry point of worker pods (and local processes).
 
-One thin entry for the three processes: `rollout` (built by `rollout.main`) and `workflow`
+One thin entry for the four processes (a frozen policy's `publisher` in `publisher.main`): `rollout` (built by `rollout.main`) and `workflow`
 (`runner.main`) run here after connecting; a trainer pod runs `polyrl worker trainer torchrun
 ...`: its input is checked here, without torch, then torchrun takes over and runs
 `python -m polyrl.workers.trainer` on every rank (`preflight.trainer_then`). Everything comes
@@ -62,10 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if argv[:1] == ["trainer"]:
         return preflight.trainer_then(argv[1:])
+    if argv == ["publisher"]:
+        return _publisher()
     if len(argv) != 1 or argv[0] not in ("rollout", "workflow"):
         print(
-            "usage: polyrl worker rollout|workflow|trainer <launcher> [args...]\n"
-            "  (trainer: checks the trainer's input, then runs the launcher: torchrun ...)",
+            "usage: polyrl worker rollout|workflow|publisher|trainer <launcher> [args...]\n"
+            "  (trainer: checks the trainer's input, then runs the launcher: torchrun ...;\n"
+            "   publisher: puts a frozen policy's model into the Object Store once)",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -73,6 +76,17 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(argv[0]))
     except (ConfigError, Unavailable) as err:
         return fail("polyrl worker", err)
+    return 0
+
+
+def _publisher() -> int:
+    from polyrl.workers.publisher import main as publisher  # torch: only here
+
+    try:
+        config, pod = load_config()
+        asyncio.run(publisher.serve(config, pod))
+    except (ConfigError, Unavailable) as err:
+        return fail("polyrl worker publisher", err)
     return 0
 
 

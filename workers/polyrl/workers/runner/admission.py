@@ -24,7 +24,7 @@ class Admission:
 
     def __init__(self, spec: RLJobSpec, watch: trainers.TrainerWatch) -> None:
         self.policies = [p.name for p in spec.policies]
-        batches = {p.name: p.trainer.batch_size for p in spec.policies}
+        batches = {p.name: p.trainer.batch_size for p in spec.trained()}  # frozen: unbounded
         self.gate: rounds.RoundGate | None = None
         self.staleness: staleness.StalenessGate | None = None
         if spec.algorithm.mode == Mode.SYNC:

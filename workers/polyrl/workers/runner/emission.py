@@ -108,6 +108,7 @@ class Accounts:
         self.failed = 0
         self.dropped_prompts = 0  # episodes whose prompt a policy could not take
         self.dropped_by_reason: Counter[tuple[str, str]] = Counter()  # by policy and reason
+        self.judge_fallbacks: dict[str, int] = {}  # failed verdicts given the fallback score
         self.dropped_samples = 0  # samples whose reward failed (`Episode.drop`)
         self.reward_health = reward_health.RewardHealth()
         self.recent: dict[str, list[float]] = {}
@@ -132,6 +133,8 @@ class Accounts:
         for reason in episode.dropped:
             log.warning("sample dropped: %s", reason)
         self.dropped_samples += len(episode.dropped)
+        for policy, count in episode.judge_fallbacks.items():
+            self.judge_fallbacks[policy] = self.judge_fallbacks.get(policy, 0) + count
         scored = sum(len(rewards) for rewards in episode.rewards.values())
         self.reward_health.record(scored=scored, dropped=episode.dropped)
         try:
@@ -154,6 +157,7 @@ class Accounts:
             "dropped_samples": self.dropped_samples,
             "failed_episodes": self.failed,
             "dropped_episodes": self.dropped_episodes(),
+            "judge_fallbacks": dict(sorted(self.judge_fallbacks.items())) or None,
             "reward": sum(means) / len(means) if means else None,
         }
         elapsed = time.monotonic() - self.started
@@ -179,6 +183,10 @@ class Accounts:
         for (_, reason), count in self.dropped_by_reason.items():
             by_reason[reason] += count
         reasons = ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))
+        if self.judge_fallbacks:
+            log.info(
+                "judge verdicts that failed and got the fallback score: %s", self.judge_fallbacks
+            )
         log.info(
             "stopped: %d episodes done, %d failed, %d dropped (%s), %d cut short; requests "
             "waited %.0f s in all for trainers to catch up",

@@ -25,12 +25,16 @@ from polyrl.workers.errors import StorageFull
 from polyrl.workers.models.prompts import Prompt, PromptError
 from polyrl.workers.runner.tokenizers import Tokenizers
 from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.workflows.dropped import EpisodeDropped
 
 log = logging.getLogger("polyrl.workflow")
 
 
-class GenerationTimeout(RuntimeError):
-    """No rollout worker answered a request after every retry."""
+class GenerationTimeout(EpisodeDropped):
+    """No rollout worker answered a request after every retry: the episode is dropped and
+    counted for the policy asked (reason `generation`), never stored as a zero reward."""
+
+    reason = "generation"
 
 
 class GenerationRefused(PromptError):
@@ -94,7 +98,9 @@ class GenerationClient:
                 return response
             finally:
                 self.waiting.pop(rid, None)
-        raise GenerationTimeout(f"no answer from policy {policy!r} after {self.retries} tries")
+        raise GenerationTimeout(
+            f"no answer from policy {policy!r} after {self.retries} tries", policy=policy
+        )
 
     async def _publish(self, policy: str, request: GenerationRequest) -> None:
         try:

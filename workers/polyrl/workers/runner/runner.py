@@ -120,7 +120,7 @@ class WorkflowRunner:
             except (PromptError, EpisodeDropped) as err:
                 if not self.rt.stopping.is_set():  # else cut short (a tool killed on the way out)
                     self.accounts.prompt_dropped(episode, err)
-            except (generation.GenerationTimeout, ValueError, KeyError, IndexError) as err:
+            except (ValueError, KeyError, IndexError) as err:  # the workflow's own fault
                 self.accounts.episode_failed(episode, err)
                 await asyncio.sleep(1.0)
             except StorageFull as err:  # nothing to retry into: stop, saying why

@@ -25,7 +25,8 @@ job's `Ready` and the operator's scale latency are made of.
 | `polyrl_worker_idle_fraction` | share of time with nothing to do |
 | `polyrl_worker_dropped_prompts` | episodes dropped: prompt too long or refused (runner) |
 | `polyrl_worker_dropped_samples` | samples dropped: their reward failed (runner) |
-| `polyrl_worker_dropped_episodes{of,reason}` | episodes dropped whole, by policy and reason: prompt, turns, context, tool, environment (runner) |
+| `polyrl_worker_dropped_episodes{of,reason}` | episodes dropped whole, by policy and reason: prompt, generation, turns, context, tool, environment, judge (runner) |
+| `polyrl_worker_judge_fallbacks{of}` | failed verdicts of a judging policy replaced by workflow.judge.fallbackScore (runner) |
 | `polyrl_worker_dead_letters` | messages this worker could not parse |
 | `polyrl_worker_staleness_p50`, `_p95` | the trainer's last batch: sample age in versions |
 | `polyrl_worker_stale_dropped` | samples the trainer dropped as older than maxStaleness |
@@ -115,6 +116,10 @@ class WorkerMetrics:
             "polyrl_worker_dropped_episodes", "episodes the runner dropped whole, by the policy "
             "they name (`of`) and reason", [*labels, "of", "reason"], registry=self.registry,
         )  # fmt: skip
+        self.fallbacks = Gauge(
+            "polyrl_worker_judge_fallbacks", "failed verdicts of a judging policy (`of`) "
+            "replaced by workflow.judge.fallbackScore", [*labels, "of"], registry=self.registry,
+        )  # fmt: skip
         self.published_bytes = Counter(
             "polyrl_worker_published_bytes", "bytes of weight objects published, by kind",
             [*labels, "kind"], registry=self.registry,
@@ -139,6 +144,8 @@ class WorkerMetrics:
         for policy, reasons in (beat.dropped_episodes or {}).items():
             for reason, count in reasons.items():
                 self.dropped.labels(**self.labels, of=policy, reason=reason).set(count)
+        for policy, count in (beat.judge_fallbacks or {}).items():
+            self.fallbacks.labels(**self.labels, of=policy).set(count)
 
     def observe_staleness(self, ages: Mapping[int, int]) -> None:
         """A trained batch's samples, counted by age (`grpo.age_histogram`)."""

@@ -45,7 +45,9 @@ from polyrl.api.launch import (
     POD_NAME_ENV,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
+    TRAINER_DIR_ENV,
     WorkerConfig,
+    trainer_subdir,
 )
 from polyrl.api.messages import Heartbeat, WorkerState
 from polyrl.api.naming import JobNames
@@ -65,6 +67,12 @@ DRAIN_SECONDS = 5
 
 
 TORCH_THREADS_ENV = "POLYRL_TORCH_THREADS"
+
+
+def workdir_for(config: WorkerConfig) -> Path:
+    """A trainer's (or a frozen policy's publisher's) directory: models, then checkpoints."""
+    root = Path(os.environ.get(TRAINER_DIR_ENV, Path(tempfile.gettempdir()) / "polyrl"))
+    return root / trainer_subdir(config.namespace, config.job, config.policy or "policy")
 
 
 def torch_threads() -> int:

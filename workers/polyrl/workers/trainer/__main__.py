@@ -21,10 +21,10 @@ from polyrl.workers import preflight
 from polyrl.workers.errors import ConfigError, Unavailable
 from polyrl.workers.models import loading as models
 from polyrl.workers.runtime import prometheus as worker_metrics
-from polyrl.workers.runtime.worker import Runtime, fail, load_config, torch_threads
+from polyrl.workers.runtime.worker import Runtime, fail, load_config, torch_threads, workdir_for
 from polyrl.workers.trainer import ranks
 from polyrl.workers.trainer.learner import Learner
-from polyrl.workers.trainer.loop import run, workdir_for
+from polyrl.workers.trainer.loop import run
 
 log = logging.getLogger("polyrl.trainer")
 

@@ -11,16 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from polyrl.api.launch import TRAINER_DIR_ENV, WorkerConfig, trainer_subdir
 from polyrl.api.messages import WorkerState
 from polyrl.api.resources import Mode
-from polyrl.workers.runtime.worker import Runtime
+from polyrl.workers.runtime.worker import Runtime, workdir_for
 from polyrl.workers.trainer import ranks
 from polyrl.workers.trainer.leader import Leader, pull_batch
 from polyrl.workers.trainer.learner import Learner, shuffled_rewards, to_samples
@@ -116,8 +112,3 @@ async def _finish(
     # After the checkpoint: a connection lost by now must not cost the last save.
     with contextlib.suppress(Exception):
         await sub.unsubscribe()
-
-
-def workdir_for(config: WorkerConfig) -> Path:
-    root = Path(os.environ.get(TRAINER_DIR_ENV, Path(tempfile.gettempdir()) / "polyrl"))
-    return root / trainer_subdir(config.namespace, config.job, config.policy or "policy")

@@ -7,6 +7,7 @@ Trajectory for that policy's trainer, with a deterministic id so a retried publi
 de-duplicated rather than doubled. Multi-turn episodes hold a `Conversation` per policy and
 sample: `converse` opens one, `reply` asks the policy, `tell` shows it a message (a user's
 turn, a tool's output), `emit_conversation` sends it, all token-exact (`conversation`).
+`judge` asks a policy for a score (LLM-as-judge, `judge`), bounded in time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from polyrl.api.wire import Completion, GenerationResponse
 from polyrl.workers.models.prompts import PolicyPrompts, Prompt
 from polyrl.workers.workflows import conversation as conv
 from polyrl.workers.workflows.conversation import Conversation, ConversationTooLong, Message
+from polyrl.workers.workflows.judge import Verdict, verdict_of
 from polyrl.workers.workflows.sample import Sample
 
 Generate = Callable[[str, Prompt, int, int], Awaitable[GenerationResponse]]
@@ -62,6 +64,8 @@ class Episode:
     rewards: dict[str, list[float]] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
     """Why samples were not emitted (`drop`): the runner counts and logs them."""
+    judge_fallbacks: dict[str, int] = field(default_factory=dict)
+    """Failed verdicts, by judging policy, replaced by workflow.judge.fallbackScore."""
 
     def available(self, policy: str) -> bool:
         """Whether asking `policy` now is useful: its trainer has weights out, is not done and
@@ -91,8 +95,39 @@ class Episode:
         self, policy: str, group: str, response: GenerationResponse, index: int, reward: float
     ) -> None:
         """Send completion `index` of `response` with its reward to `policy`'s trainer."""
+        self._trained(policy)
         self.rewards.setdefault(policy, []).append(reward)
         await self._emit(policy, f"{self.id}/{group}", Sample.of(response, index), index, reward)
+
+    async def judge(
+        self, policy: str, prompt: Prompt, verdict: Verdict, *, max_new_tokens: int | None = None
+    ) -> float:
+        """`policy`'s score for what `prompt` shows it (LLM-as-judge): its answer (sampled at the
+        job's temperature) read by `verdict`. A verdict that fails (too slow for
+        workflow.judge.timeoutSeconds, no rollout answered, no score in the answer) drops
+        the episode (`JudgeFailed`, reason `judge`), or, where the job sets
+        workflow.judge.fallbackScore, is that score, counted apart."""
+        spec = self.spec.workflow.judge
+        score = await verdict_of(
+            lambda: self.generate(policy, prompt, 1, max_new_tokens=max_new_tokens),
+            lambda response: self.text(response, 0),
+            verdict,
+            policy=policy,
+            spec=spec,
+        )
+        if score is None:
+            self.judge_fallbacks[policy] = self.judge_fallbacks.get(policy, 0) + 1
+            return float(spec.fallback_score or 0.0)
+        return score
+
+    def _trained(self, policy: str) -> None:
+        """Samples go to trained policies only: a frozen one has no trainer to take them."""
+        spec = self.spec.policy(policy)
+        if spec is not None and spec.frozen:
+            raise ValueError(
+                f"policy {policy!r} is frozen (never trained): emit no samples for it; "
+                "ask it with generate or judge"
+            )
 
     async def converse(self, policy: str, messages: Sequence[Message]) -> Conversation:
         """A conversation with `policy` that opens with `messages` (chat messages): ask for its
@@ -147,6 +182,7 @@ class Episode:
         """Send `conversation` with its reward to its policy's trainer: trained on its replies,
         with what it was shown masked out."""
         policy = conversation.policy
+        self._trained(policy)
         self.rewards.setdefault(policy, []).append(reward)
         await self._emit(policy, f"{self.id}/{group}", conversation.sample(), index, reward)
 

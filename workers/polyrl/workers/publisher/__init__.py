@@ -1,0 +1,1 @@
+"""A frozen policy's publisher: the model into the Object Store, once (`publisher.main`)."""
