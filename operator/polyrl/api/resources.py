@@ -399,6 +399,13 @@ class JudgeSpec(ApiModel):
         description="How long one verdict may take (the judge's generation, queueing "
         "included); past it the verdict has failed.",
     )
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="Sampling temperature of the verdicts (0: greedy, the judge's most likely "
+        "answer; they are never trained on, so nothing needs them sampled).",
+    )
     fallback_score: float | None = Field(
         None,
         description="The reward used when a verdict fails (the judge timed out, its pool "

@@ -36,8 +36,13 @@ def answer(text: str) -> GenerationResponse:
     )
 
 
-def episode(job: RLJobSpec, reply: Any, emitted: list[str] | None = None) -> Episode:
-    async def generate(policy: str, prompt: Any, n: int, budget: int) -> GenerationResponse:
+def episode(
+    job: RLJobSpec, reply: Any, emitted: list[str] | None = None, asked: list[Any] | None = None
+) -> Episode:
+    async def generate(
+        policy: str, prompt: Any, n: int, budget: int, *, temperature: float | None = None
+    ) -> GenerationResponse:
+        (asked if asked is not None else []).append(temperature)
         return await reply(policy) if callable(reply) else answer(reply)
 
     async def emit(policy: str, *rest: Any) -> None:
@@ -50,9 +55,12 @@ def yes_no(text: str) -> float | None:
     return {"yes": 1.0, "no": 0.0}.get(text.strip())
 
 
-async def test_a_judges_yes_or_no_is_the_score() -> None:
-    assert await episode(spec(), "yes").judge("judge", "2+2=4?", yes_no) == 1.0
-    assert await episode(spec(), "no").judge("judge", "2+2=5?", yes_no) == 0.0
+async def test_a_judges_yes_or_no_is_the_score_answered_greedily_unless_the_job_says() -> None:
+    asked: list[Any] = []
+    assert await episode(spec(), "yes", asked=asked).judge("judge", "2+2=4?", yes_no) == 1.0
+    assert await episode(spec(), "no", asked=asked).judge("judge", "2+2=5?", yes_no) == 0.0
+    await episode(spec(temperature=0.7), "no", asked=asked).judge("judge", "2+2=5?", yes_no)
+    assert asked == [0.0, 0.0, 0.7]
 
 
 async def test_an_answer_without_a_verdict_drops_the_episode_for_the_judge() -> None:

@@ -66,10 +66,19 @@ class GenerationClient:
         return encoder.encode(prompt, max_new_tokens=max_new)
 
     async def request(
-        self, policy: str, prompt: list[int], n: int, max_new: int, *, min_version: int
+        self,
+        policy: str,
+        prompt: list[int],
+        n: int,
+        max_new: int,
+        *,
+        min_version: int,
+        temperature: float | None = None,
     ) -> GenerationResponse:
-        """One request, retried on timeout under a fresh id."""
-        temperature = self.rt.config.spec.algorithm.temperature
+        """One request, retried on timeout under a fresh id; at the job's temperature
+        unless given another (0: greedy)."""
+        if temperature is None:
+            temperature = self.rt.config.spec.algorithm.temperature
         for attempt in range(self.retries):
             rid = f"{self.rt.pod}-{self.boot}-{next(self.counter)}-{attempt}"
             request = GenerationRequest(

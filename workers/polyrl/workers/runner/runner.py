@@ -146,7 +146,7 @@ class WorkflowRunner:
         )
 
     async def _generate(
-        self, policy: str, prompt: Prompt, n: int, max_new: int
+        self, policy: str, prompt: Prompt, n: int, max_new: int, *, temperature: float | None = None
     ) -> GenerationResponse:
         """Ask `policy` for `n` samples, once it may be asked (`staleness`, async mode), from
         weights no older than the round's (sync mode) or the staleness bound's (async).
@@ -154,4 +154,6 @@ class WorkflowRunner:
         The prompt becomes ids here, with the policy's own tokenizer (`prompts`)."""
         ids = await self.generation.encode(policy, prompt, max_new)
         async with self.admission.asking(policy, n) as oldest:
-            return await self.generation.request(policy, ids, n, max_new, min_version=oldest)
+            return await self.generation.request(
+                policy, ids, n, max_new, min_version=oldest, temperature=temperature
+            )

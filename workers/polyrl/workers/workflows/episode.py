@@ -25,7 +25,8 @@ from polyrl.workers.workflows.conversation import Conversation, ConversationTooL
 from polyrl.workers.workflows.judge import Verdict, verdict_of
 from polyrl.workers.workflows.sample import Sample
 
-Generate = Callable[[str, Prompt, int, int], Awaitable[GenerationResponse]]
+Generate = Callable[..., Awaitable[GenerationResponse]]
+"""`(policy, prompt, n, budget)` and, for a temperature other than the job's, `temperature=`."""
 Emit = Callable[[str, str, Sample, int, float], Awaitable[None]]
 Settle = Callable[[], Awaitable[None]]
 Prompts = Callable[[str], Awaitable[PolicyPrompts]]
@@ -80,7 +81,13 @@ class Episode:
         return self.spec.algorithm.group_size
 
     async def generate(
-        self, policy: str, prompt: Prompt, n: int = 1, *, max_new_tokens: int | None = None
+        self,
+        policy: str,
+        prompt: Prompt,
+        n: int = 1,
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
     ) -> GenerationResponse:
         """`n` completions of `prompt` from `policy`: text, chat messages or token ids.
 
@@ -88,8 +95,13 @@ class Episode:
         so text may cross between policies with different vocabularies; ids are the asked
         policy's. The budget is the policy's `maxNewTokens` where the manifest sets one, else
         `max_new_tokens`, else `algorithm.maxNewTokens`. A prompt the policy cannot take
-        raises `prompts.PromptError` (the runner counts the episode as a dropped prompt)."""
-        return await self._generate(policy, prompt, n, self.budget(policy, max_new_tokens))
+        raises `prompts.PromptError` (the runner counts the episode as a dropped prompt).
+        `temperature` other than the job's (algorithm.temperature; 0: greedy) is for answers
+        that are not trained on, such as a judge's verdicts."""
+        budget = self.budget(policy, max_new_tokens)
+        if temperature is None:
+            return await self._generate(policy, prompt, n, budget)
+        return await self._generate(policy, prompt, n, budget, temperature=temperature)
 
     async def emit(
         self, policy: str, group: str, response: GenerationResponse, index: int, reward: float
@@ -102,14 +114,16 @@ class Episode:
     async def judge(
         self, policy: str, prompt: Prompt, verdict: Verdict, *, max_new_tokens: int | None = None
     ) -> float:
-        """`policy`'s score for what `prompt` shows it (LLM-as-judge): its answer (sampled at the
-        job's temperature) read by `verdict`. A verdict that fails (too slow for
+        """`policy`'s score for what `prompt` shows it (LLM-as-judge): its answer (greedy,
+        unless workflow.judge.temperature says otherwise) read by `verdict`. A verdict that fails (too slow for
         workflow.judge.timeoutSeconds, no rollout answered, no score in the answer) drops
         the episode (`JudgeFailed`, reason `judge`), or, where the job sets
         workflow.judge.fallbackScore, is that score, counted apart."""
         spec = self.spec.workflow.judge
         score = await verdict_of(
-            lambda: self.generate(policy, prompt, 1, max_new_tokens=max_new_tokens),
+            lambda: self.generate(
+                policy, prompt, 1, max_new_tokens=max_new_tokens, temperature=spec.temperature
+            ),
             lambda response: self.text(response, 0),
             verdict,
             policy=policy,
