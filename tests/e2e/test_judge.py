@@ -34,11 +34,11 @@ def test_the_judge_example_scores_a_trained_solver_with_a_frozen_judges_verdicts
     assert "version 0" in published
     assert "judge  frozen: served, never trained" in proc.stderr
     steps = [r for r in records if r.get("policy") == "solver" and r.get("step", 0) > 0]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["step"] for r in steps] == [1, 2, 3]
     assert not [r for r in records if r.get("policy") == "judge" and "step" in r]
     judged = [r for r in records if r.get("source") == "workflow" and r["policy"] == "judge"]
     verdicts = sum(r["verdicts"] for r in judged)
-    assert verdicts >= 4 * 32  # every sample the solver trained on was judged
+    assert verdicts >= 3 * 32  # every sample the solver trained on was judged
     for r in judged:
         assert 0 <= r["agreement"] <= 1
         assert 0 <= r["exactly_right_share"] <= 1

@@ -15,7 +15,9 @@ evaluation, weight publication) are printed, whatever the outcome. About 30 minu
 2-core machine. The file's second test runs `examples/smollm2-solver-verifier.yaml`, two
 SmolLM2 policies together (about 17 minutes), its third the same two as LoRA adapters on
 one shared rollout pool (`examples/smollm2-solver-verifier-lora.yaml`), its fourth a frozen
-SmolLM2 judging a SmolLM2 solver (`examples/smollm2-judge.yaml`). All:
+SmolLM2 judging a SmolLM2 solver (`examples/smollm2-judge.yaml`), then the multi-turn examples
+with SmolLM2: the calculator tool (`examples/smollm2-calculator.yaml`) and a verifier's
+critique as the solver's next turn (`examples/smollm2-critique.yaml`). All:
 `make test-learning-smollm2`, never part of `make test`.
 """
 
@@ -44,6 +46,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-arithmetic
 TWO_POLICIES = EXAMPLE.with_name("smollm2-solver-verifier.yaml")
 TWO_ADAPTERS = EXAMPLE.with_name("smollm2-solver-verifier-lora.yaml")
 JUDGED = EXAMPLE.with_name("smollm2-judge.yaml")
+CALCULATOR = EXAMPLE.with_name("smollm2-calculator.yaml")
+CRITIQUE = EXAMPLE.with_name("smollm2-critique.yaml")
 GAIN = 0.15
 CONTROL_GAIN = 0.03
 RUN_SECONDS = 30 * 60  # one run's ceiling: three times a quiet machine's, for loaded ones
@@ -239,3 +243,50 @@ def test_a_frozen_smollm2_judge_scores_a_smollm2_solver_with_its_agreement_repor
     assert max(steps, default=0) >= 3, steps
     assert verdicts >= 3 * 32  # every sample trained on was judged
     assert stopped, "the runner did not say what it dropped"
+
+
+def workflow_reports(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("source") == "workflow"]
+
+
+def test_smollm2_calls_the_calculator_tool_after_its_warm_up_and_trains_on_it(
+    tmp_path: Path,
+) -> None:
+    """After 40 warm-up steps on transcripts, SmolLM2 calls the sandboxed calculator in most
+    conversations, and every RL step trains with the tool's output masked out. Prints the
+    figures: conversations, tool calls, turns, held-out before and after."""
+    records, seconds = run(tmp_path / "calculator", CALCULATOR)
+    steps = [r for r in records if r.get("policy") == "agent" and "shown_fraction" in r]
+    reports = workflow_reports(records)
+    n = sum(r["conversations"] for r in reports)
+    share = sum(r["tool_call_share"] * r["conversations"] for r in reports) / max(n, 1)
+    turns = sum(r["turns_mean"] * r["conversations"] for r in reports) / max(n, 1)
+    held_out = {r["step"]: r["held_out"] for r in records if "held_out" in r}
+    print(
+        f"{seconds:.0f} s; {n} conversations, tool-call share {share:.3f}, {turns:.2f} turns; "
+        f"shown fractions {[round(r['shown_fraction'], 3) for r in steps]}; held-out {held_out}"
+    )
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert share >= 0.5, share
+    assert all(r["shown_fraction"] > 0 for r in steps)  # the tool's answers, masked
+
+
+def test_a_smollm2_solver_answers_again_after_a_smollm2_verifiers_critique(
+    tmp_path: Path,
+) -> None:
+    """Both SmolLM2 policies train their 3 steps; the solver's batches hold the critique it
+    was shown (masked), the verifier's nothing masked. Prints the held-out figures."""
+    records, seconds = run(tmp_path / "critique", CRITIQUE)
+    steps = {
+        policy: [r for r in records if r.get("policy") == policy and "shown_fraction" in r]
+        for policy in ("solver", "verifier")
+    }
+    held_out = {
+        policy: {r["step"]: round(r["held_out"], 3) for r in records
+                 if r.get("policy") == policy and "held_out" in r}
+        for policy in ("solver", "verifier")
+    }  # fmt: skip
+    print(f"{seconds:.0f} s; held-out {held_out}")
+    assert [len(s) for s in steps.values()] == [3, 3]
+    assert all(r["shown_fraction"] > 0.3 for r in steps["solver"])
+    assert all(r["shown_fraction"] == 0 for r in steps["verifier"])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tests.unit.workers.scripted import POLICY, Pool, episode, load, spec
 
-from polyrl.workers.models.prompts import PolicyPrompts
+from polyrl.workers.models.prompts import PolicyPrompts, render_chat, rendered_ids
 from polyrl.workers.workflows import conversation as conv
 
 TinyBpe = Callable[[str], Path]
@@ -121,8 +121,8 @@ async def test_a_message_shows_what_the_template_adds_for_it_separator_included(
     for turn in range(2):
         [talk] = await made.reply(talk)
         talk = await made.tell(talk, {"role": "user", "content": f"sure {turn}?"})
-        whole = conv.render(prompts.tokenizer, talk.messages, generation=True)
-        assert list(talk.ids) == conv.encode(prompts.tokenizer, whole)
+        whole = render_chat(prompts.tokenizer, talk.messages, generation=True)
+        assert list(talk.ids) == rendered_ids(prompts.tokenizer, whole)
     assert pool.replies == []
 
 

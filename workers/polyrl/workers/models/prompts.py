@@ -55,20 +55,29 @@ def kind(prompt: Prompt) -> str:
     )
 
 
-def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
-    """`messages` through the tokenizer's chat template, with the generation prompt, once.
-
-    The template writes its own special tokens (a Llama 3 template its BOS), so the rendered
-    text is encoded without adding any."""
+def render_chat(tokenizer: Any, messages: Sequence[Message], *, generation: bool) -> str:
+    """`messages` through the tokenizer's chat template, as text (with the generation prompt
+    when `generation`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError(
             "chat messages need a tokenizer with a chat template, and this policy's has none: "
             "send text or token ids, or use a tokenizer that has one"
         )
     text = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+        [dict(m) for m in messages], add_generation_prompt=generation, tokenize=False
     )
+    return str(text)
+
+
+def rendered_ids(tokenizer: Any, text: str) -> list[int]:
+    """Text a chat template rendered, as ids: the template wrote its own special tokens (a
+    Llama 3 template its BOS), so none are added."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
+    """`messages` through the tokenizer's chat template, with the generation prompt, once."""
+    return rendered_ids(tokenizer, render_chat(tokenizer, messages, generation=True))
 
 
 def ids_for(tokenizer: Any, prompt: str | Sequence[Message]) -> list[int]:

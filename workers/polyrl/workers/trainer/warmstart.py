@@ -19,7 +19,6 @@ from polyrl.api.resources import PolicySpec
 from polyrl.workers.tasks import base
 from polyrl.workers.trainer import warmup
 
-WARMUP_LR = 3e-3  # measured on the tiny model: 150 steps take 1-digit addition from 0 to ~0.9
 # Decoupled weight decay (AdamW) shortens the plateau before a tiny model's accuracy takes off,
 # as it does for grokking. Measured on `quickstart-solver`, 2-digit addition, batch 32, to the
 # quick start's 40 % target: 1,650 / 1,130 steps at 0.1 against 2,420 / 1,830 without (two data
@@ -60,7 +59,7 @@ def warm_start(
         examples,
         steps=trainer.warmup_steps,
         batch_size=trainer.warmup_batch_size,
-        lr=WARMUP_LR,
+        lr=trainer.warmup_lr,  # default measured on the tiny model (150 steps: 0 to ~0.9)
         weight_decay=WARMUP_WEIGHT_DECAY,
         seed=seed,
         target=trainer.warmup_target_accuracy,

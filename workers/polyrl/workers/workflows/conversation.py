@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from polyrl.api.wire import GenerationResponse
+from polyrl.workers.models import prompts
 from polyrl.workers.models.prompts import PromptError
 from polyrl.workers.workflows.dropped import EpisodeDropped
 from polyrl.workers.workflows.sample import Sample
@@ -143,21 +144,6 @@ class Conversation:
         )
 
 
-def render(tokenizer: Any, messages: Sequence[Message], *, generation: bool) -> str:
-    """`messages` through the tokenizer's chat template, as text."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise PromptError("a conversation needs a tokenizer with a chat template")
-    text = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=generation, tokenize=False
-    )
-    return str(text)
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    """Rendered text as ids: the template wrote the special tokens, none are added."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 def message_ids(
     tokenizer: Any, conversation: Conversation, messages: Sequence[Message]
 ) -> list[int]:
@@ -167,10 +153,13 @@ def message_ids(
     if not conversation.replied:
         raise ConversationOrder("a message is shown after a reply: ask the policy first")
     history = conversation.messages
-    before = render(tokenizer, history, generation=False)
-    after = render(tokenizer, [*history, *messages], generation=True)
+    before = prompts.render_chat(tokenizer, history, generation=False)
+    after = prompts.render_chat(tokenizer, [*history, *messages], generation=True)
     _check_extends(before, after, "the new message follows it")
-    before_ids, after_ids = encode(tokenizer, before), encode(tokenizer, after)
+    before_ids, after_ids = (
+        prompts.rendered_ids(tokenizer, before),
+        prompts.rendered_ids(tokenizer, after),
+    )
     if after_ids[: len(before_ids)] != before_ids:
         raise TemplateRewritesHistory(
             "the chat template's text for the conversation ends inside a token once a message "
@@ -183,8 +172,8 @@ def _reply_end(tokenizer: Any, conversation: Conversation, before_ids: list[int]
     """What the template writes after the last reply's text: its end-of-turn id (unless the
     policy sampled it) and the separator after it."""
     history = conversation.messages
-    prompt = render(tokenizer, history[:-1], generation=True)
-    whole = render(tokenizer, history, generation=False)
+    prompt = prompts.render_chat(tokenizer, history[:-1], generation=True)
+    whole = prompts.render_chat(tokenizer, history, generation=False)
     _check_extends(prompt, whole, "the reply follows it")
     reply = whole[len(prompt) :]
     text = history[-1]["content"]
@@ -193,7 +182,7 @@ def _reply_end(tokenizer: Any, conversation: Conversation, before_ids: list[int]
             f"the chat template renders the reply {text[:60]!r} as {reply[:60]!r}: it changes "
             "what the policy wrote"
         )
-    closing = encode(tokenizer, reply[len(text) :])
+    closing = prompts.rendered_ids(tokenizer, reply[len(text) :])
     if before_ids[len(before_ids) - len(closing) :] != closing:
         raise TemplateRewritesHistory(
             "the chat template's end of a reply is not a token boundary of the conversation"
@@ -220,7 +209,9 @@ def _check_extends(before: str, after: str, what: str) -> None:
 def retokenized(tokenizer: Any, conversation: Conversation) -> list[int]:
     """The ids a whole-history re-tokenisation would give (what this module avoids): for
     tests and diagnostics, compared with `conversation.ids`."""
-    return encode(tokenizer, render(tokenizer, conversation.messages, generation=False))
+    return prompts.rendered_ids(
+        tokenizer, prompts.render_chat(tokenizer, conversation.messages, generation=False)
+    )
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -241,6 +232,5 @@ __all__ = [
     "TemplateRewritesHistory",
     "first_difference",
     "message_ids",
-    "render",
     "retokenized",
 ]
