@@ -198,8 +198,15 @@ async def test_the_runner_tracks_which_trainers_still_warm_up_and_which_are_done
         await watch.poll()
         # The verifier's trainer has announced nothing: it is still warming up.
         assert (watch.warming, watch.finished) == ({"verifier"}, set())
+        # A request for it waits for its weights (no timeout, no retry, nothing dropped);
+        # one for the solver goes at once.
+        held = asyncio.create_task(watch.announced("verifier"))
+        await asyncio.wait_for(watch.announced("solver"), 1)
+        await asyncio.sleep(0.3)
+        assert not held.done()
         await publish_policy(nc.jetstream(), names, "verifier", tmp_path / "v", final=True)
         await watch.poll()
+        await asyncio.wait_for(held, 1)
         assert (watch.warming, watch.finished) == (set(), {"verifier"})  # the solver goes on
         # A trainer started again (a new epoch) publishes non-final versions: ask it again.
         await publish_policy(nc.jetstream(), names, "verifier", tmp_path / "again", epoch=1)

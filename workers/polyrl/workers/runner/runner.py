@@ -151,7 +151,9 @@ class WorkflowRunner:
         """Ask `policy` for `n` samples, once it may be asked (`staleness`, async mode), from
         weights no older than the round's (sync mode) or the staleness bound's (async).
 
-        The prompt becomes ids here, with the policy's own tokenizer (`prompts`)."""
+        The prompt becomes ids here, with the policy's own tokenizer (`prompts`); it is sent
+        once the policy has weights out (`trainers.announced`)."""
+        await self.trainers.announced(policy)
         ids = await self.generation.encode(policy, prompt, max_new)
         async with self.admission.asking(policy, n) as oldest:
             return await self.generation.request(

@@ -38,6 +38,7 @@ class TrainerWatch:
         self.versions_read = asyncio.Event()  # the heartbeats there were at the start are read
         # policies whose trainers announced no weights yet (see `poll`)
         self.warming = {p.name for p in rt.config.spec.policies} if async_mode else set()
+        self.weights_out: dict[str, asyncio.Event] = {}  # set as a policy leaves `warming`
 
     async def start(self, *, versions: bool) -> list[asyncio.Task[None]]:
         """Poll once, so the first episodes already know, then keep watching (the tasks to
@@ -50,6 +51,23 @@ class TrainerWatch:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.versions_read.wait(), VERSIONS_READ_SECONDS)
         return watchers
+
+    async def announced(self, policy: str) -> None:
+        """Return once `policy` has weights out (at once in sync mode, or once the runner
+        stops). A request sent before would wait in its queue for a warm-up that can outlast
+        the request's timeout and retries (minutes for a pretrained model), and its episode
+        would be dropped for want of an answer."""
+        out = self.weights_out.setdefault(policy, asyncio.Event())
+        if policy not in self.warming:
+            out.set()
+        if out.is_set():
+            return
+        waits = [asyncio.ensure_future(out.wait()), asyncio.ensure_future(self.rt.stopping.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def backlog(self, policy: str) -> int:
         """Trajectories of `policy` its trainer has not acknowledged (0 if that is unknown)."""
@@ -135,6 +153,7 @@ class TrainerWatch:
             if policy in self.warming:
                 log.info("%s's trainer announced its first weights: asking it for samples", policy)
                 self.warming.discard(policy)
+                self.weights_out.setdefault(policy, asyncio.Event()).set()
             done = latest.final
             if done and policy not in self.finished:
                 log.info("%s's trainer is done (its final version announced)", policy)
