@@ -218,6 +218,7 @@ def both_trained(records: list[dict[str, Any]], seconds: float) -> None:
             assert held_out[20] >= held_out[0], said
 
 
+@pytest.mark.timeout(RUN_SECONDS + 600)
 def test_a_frozen_smollm2_judge_scores_a_smollm2_solver_with_its_agreement_reported(
     tmp_path: Path,
 ) -> None:
@@ -249,10 +250,11 @@ def workflow_reports(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("source") == "workflow"]
 
 
+@pytest.mark.timeout(RUN_SECONDS + 600)
 def test_smollm2_calls_the_calculator_tool_after_its_warm_up_and_trains_on_it(
     tmp_path: Path,
 ) -> None:
-    """After 40 warm-up steps on transcripts, SmolLM2 calls the sandboxed calculator in most
+    """After 30 warm-up steps on transcripts, SmolLM2 calls the sandboxed calculator in most
     conversations, and every RL step trains with the tool's output masked out. Prints the
     figures: conversations, tool calls, turns, held-out before and after."""
     records, seconds = run(tmp_path / "calculator", CALCULATOR)
@@ -271,6 +273,7 @@ def test_smollm2_calls_the_calculator_tool_after_its_warm_up_and_trains_on_it(
     assert all(r["shown_fraction"] > 0 for r in steps)  # the tool's answers, masked
 
 
+@pytest.mark.timeout(RUN_SECONDS + 600)
 def test_a_smollm2_solver_answers_again_after_a_smollm2_verifiers_critique(
     tmp_path: Path,
 ) -> None:
