@@ -56,7 +56,7 @@ class Heartbeat(ApiModel):
 
     v: Literal[1] = WIRE_VERSION
     pod: str = Field(description="Pod (or local process) name.")
-    role: str = Field(description="trainer, rollout or workflow.")
+    role: str = Field(description="trainer, rollout, workflow or publisher.")
     policy: str | None = Field(None, description="Policy served or trained.")
     state: WorkerState = Field(WorkerState.STARTING, description="Lifecycle state.")
     weight_version: int = Field(
