@@ -35,6 +35,7 @@ from polyrl.api.resources import (
     PolicyGroupSpec,
     PolicySpec,
     RLJob,
+    RLJobSpec,
     TrainerSpec,
     pvc_parts,
     volume_parts,
@@ -168,8 +169,18 @@ def _config(
         policy_group=group,
         replica=replica,
         nats_url=nats_url,
-        spec=job.spec,
+        spec=_for_workers(job.spec),
     )
+
+
+def _for_workers(spec: RLJobSpec) -> RLJobSpec:
+    """The spec workers get, without `stop.durationSeconds`: only the operator ends a job by
+    time, and a pod's spec hash covers its config, so ending a job that way (or extending
+    it) would otherwise restart its trainers from their checkpoints first."""
+    if spec.stop.duration_seconds is None:
+        return spec
+    stop = spec.stop.model_copy(update={"duration_seconds": None})
+    return spec.model_copy(update={"stop": stop})
 
 
 def _labels(

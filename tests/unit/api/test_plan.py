@@ -59,6 +59,16 @@ def test_launches_cover_trainers_rollouts_and_workflow_runners_with_stable_names
     ]
 
 
+def test_ending_or_extending_a_job_by_time_changes_no_pod() -> None:
+    """Only the operator reads stop.durationSeconds: editing it must not change any pod's
+    config, whose hash would restart the trainers from their checkpoints."""
+    plain = plan.plan(job(), nats_url=URL).launches
+    timed = plan.plan(job(stop={"durationSeconds": 1}), nats_url=URL).launches
+    assert [x.env for x in timed] == [x.env for x in plain]
+    stepped = plan.plan(job(stop={"steps": 7}), nats_url=URL).launches
+    assert stepped[0].config.spec.stop.steps == 7  # the trainers need their last step
+
+
 def test_the_plan_is_deterministic() -> None:
     a = plan.plan(job(), nats_url=URL)
     b = plan.plan(job(), nats_url=URL)
