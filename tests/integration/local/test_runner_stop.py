@@ -1,4 +1,5 @@
-"""The local runner stops consumers before what they consume: workflow, rollouts, trainers."""
+"""The local runner stops consumers before what they consume: workflow, rollouts, a frozen
+policy's publisher, trainers."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_stop_lets_the_workflow_finish_before_rollouts_and_trainers_get_sigterm(
 ) -> None:
     job = jobfile.load(REPO / "examples" / "quickstart.yaml")
     run = LocalRun(job=job, run_dir=tmp_path)
-    for role in (Role.TRAINER, Role.ROLLOUT, Role.WORKFLOW):  # started in the other order
+    for role in (Role.TRAINER, Role.PUBLISHER, Role.ROLLOUT, Role.WORKFLOW):  # the other order
         log = tmp_path / f"{role}.log"
         run.procs[str(role)] = processes.start(
             str(role), [sys.executable, "-c", WORKER, str(tmp_path / f"{role}.stopped")], log=log
@@ -46,7 +47,8 @@ def test_stop_lets_the_workflow_finish_before_rollouts_and_trainers_get_sigterm(
     assert order == [str(role) for role in runner.STOP_ORDER]
     # each got SIGTERM only once the one before had exited
     assert stopped["rollout"] - stopped["workflow"] >= 0.25
-    assert stopped["trainer"] - stopped["rollout"] >= 0.25
+    assert stopped["publisher"] - stopped["rollout"] >= 0.25
+    assert stopped["trainer"] - stopped["publisher"] >= 0.25
 
 
 def test_a_failed_process_is_reported_with_its_termination_message_or_its_logs_end(
