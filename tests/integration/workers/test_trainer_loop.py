@@ -119,9 +119,11 @@ async def train_and_serve(nats_url: str, names: JobNames, job: RLJobSpec, workdi
     try:
         trained = await asyncio.wait_for(training, timeout=300)
         # The rollout worker applies new weights between batches, on its own schedule: the
-        # trainer can publish version 1 and finish before that. Let it catch up while it runs.
+        # trainer can publish its last version and finish before that. Let it catch up while
+        # it runs: once it is stopped, it applies nothing more.
+        last = trained.state.version
         await wait_until_async(
-            "the rollout worker on version 1", lambda: rollout.engine.version >= 1
+            f"the rollout worker on version {last}", lambda: rollout.engine.version >= last
         )
     finally:
         for rt in (rollout_rt, runner_rt):
