@@ -110,12 +110,16 @@ def _ended(job: RLJob) -> str:
 async def _idle(p: GroupReconcile, phase: Phase, reason: str, message: str) -> None:
     """The group runs no pods (it cannot, or its job is suspended or over): Ready False
     saying why, and its health conditions say that its pods are gone; a failure the group
-    recorded itself stays in WorkersHealthy."""
+    recorded itself stays in WorkersHealthy, and in TrainerHealthy when the trainer (or
+    publisher) was what failed (its restart limit), so the cause outlives the job's end."""
     failed_itself = p.group.status.phase == Phase.FAILED
     p.condition(ConditionType.READY, False, reason, message)
     gone = f"{message}; no pods run"
+    trainer_said = find_condition(p.group.status.conditions, ConditionType.TRAINER_HEALTHY)
     if p.status.trainer_completed:  # it did all it had to: healthy, and gone
         p.condition(ConditionType.TRAINER_HEALTHY, True, "Completed", f"{FINISHED}; no pods run")
+    elif failed_itself and trainer_said and trainer_said.reason == "RestartLimitExceeded":
+        pass  # the cause of the failure, kept
     elif p.group.spec.trainer is not None:
         p.condition(ConditionType.TRAINER_HEALTHY, False, reason, gone)
     p.condition(ConditionType.ROLLOUTS_READY, False, reason, gone)

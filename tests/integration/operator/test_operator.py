@@ -33,6 +33,7 @@ from .helpers import (
     pods,
     reasons,
     running_names,
+    two_more_passes,
     wait_condition,
     wait_running,
 )
@@ -488,7 +489,7 @@ def test_failing_rollout_pods_are_replaced_with_growing_backoff(kubectl: Kubectl
 
 
 def test_a_failing_trainer_restarts_up_to_its_limit_then_the_job_fails(
-    kubectl: Kubectl, ns: str
+    kubectl: Kubectl, ns: str, operator: OperatorProcess
 ) -> None:
     doc = job_doc("tr")
     doc["spec"]["policies"][0]["trainer"] = {"restartLimit": 1}
@@ -519,6 +520,11 @@ def test_a_failing_trainer_restarts_up_to_its_limit_then_the_job_fails(
     )
     assert condition(job, "Stopped") == "True"
     wait_until("pods freed", lambda: live(pods(kubectl, ns, "polyrl.dev/job=tr")) == [])
+    # The job's end leaves the group idle; its trainer condition still names the cause.
+    two_more_passes(kubectl, operator, "policygroup")
+    pg = get(kubectl, ns, "pg", "tr-solver")
+    said = next(c for c in pg["status"]["conditions"] if c["type"] == "TrainerHealthy")
+    assert (said["status"], said["reason"]) == ("False", "RestartLimitExceeded")
 
 
 def test_editing_the_image_rolls_out_to_every_pod(kubectl: Kubectl, ns: str) -> None:
