@@ -8,7 +8,7 @@ Then, on the device:
 1. the torch engine samples in bfloat16 (what rollouts serve) and a float32 trainer copy
    scores the same tokens: the importance weights exp(trainer - engine) must stay near 1
    (mean |w - 1| <= 0.05, under 1 % above 2), as the CPU tests require of smaller models;
-2. one GRPO step of the trainer's loss (`grpo_loss`) on `--prompts` x `--group` samples of
+2. one GRPO step of the trainer's loss (`decoupled_ppo_loss`) on `--prompts` x `--group` samples of
    `--prompt-tokens` + `--new-tokens` tokens, forward, backward and AdamW, is timed after a
    warm-up step, with the peak memory it took.
 
@@ -37,7 +37,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("operator
 from polyrl.workers.rollout.engines.base import SamplingParams  # noqa: E402
 from polyrl.workers.rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from polyrl.workers.trainer.batching import token_logprobs  # noqa: E402
-from polyrl.workers.trainer.grpo import grpo_loss  # noqa: E402
+from polyrl.workers.trainer.objectives.ppo import decoupled_ppo_loss  # noqa: E402
 
 VOCAB = 49152
 
@@ -106,7 +106,7 @@ def grpo_step_seconds(args: argparse.Namespace, trainer: PreTrainedModel) -> dic
         logits = trainer(input_ids=ids).logits
         new = token_logprobs(logits, ids, mask, 1.0)
         old = new.detach()
-        loss, _ = grpo_loss(
+        loss, _ = decoupled_ppo_loss(
             new, old, advantages * mask, mask, clip_low=0.2, clip_high=0.28, tis_cap=2.0
         )
         loss.backward()  # type: ignore[no-untyped-call]

@@ -2,7 +2,7 @@
 
 docs/benchmarks.md ("Learning") compares `polyrl run` against this loop on the same model, task
 and loss: it warms a tiny Llama up on 2-digit addition to a dev accuracy, then runs GRPO
-(`polyrl.workers.trainer.grpo.grpo_loss`, the trainer's loss) on fresh samples of the torch engine with no
+(`polyrl.workers.trainer.objectives.ppo`, the trainer's default loss) on fresh samples of the torch engine with no
 staleness, no NATS and no verifier, and prints held-out greedy accuracy every 10 steps as JSON.
 
     .venv/bin/python scripts/grpo_single.py --reverse --target 0.2 --lr 1e-3
@@ -33,8 +33,9 @@ from polyrl.workers import tasks  # noqa: E402
 from polyrl.workers.models import loading as models  # noqa: E402
 from polyrl.workers.rollout.engines.base import SamplingParams  # noqa: E402
 from polyrl.workers.rollout.engines.torch_engine import TorchEngine  # noqa: E402
-from polyrl.workers.trainer import batching, grpo, warmup  # noqa: E402
+from polyrl.workers.trainer import batching, warmup  # noqa: E402
 from polyrl.workers.trainer.learner import scheduled_lr  # noqa: E402
+from polyrl.workers.trainer.objectives import ppo  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -105,7 +106,7 @@ def main() -> None:
         if reference is not None:
             with torch.no_grad():
                 ref = logprobs(reference, batch, args.temperature)
-        loss, _ = grpo.grpo_loss(
+        loss, _ = ppo.decoupled_ppo_loss(
             new, batch.old_logprobs, batch.advantages, batch.loss_mask,
             clip_low=0.2, clip_high=0.28, tis_cap=2.0, prox_logprobs=new.detach(),
             kl_coef=args.kl, ref_logprobs=ref,

@@ -20,7 +20,14 @@ def beat(pod: str, role: str, at: float = 1.0, **figures: Any) -> Heartbeat:
 
 def test_a_groups_figures_come_from_its_trainer_and_its_running_rollouts_only() -> None:
     beats = [
-        beat("g-trainer-0", "trainer", staleness_p50=1.0, staleness_p95=3.0),
+        beat(
+            "g-trainer-0",
+            "trainer",
+            staleness_p50=1.0,
+            staleness_p95=3.0,
+            is_deviation=0.01234,
+            clip_fraction=0.0456,
+        ),
         beat("g-rollout-0", "rollout", tokens_per_second=1234.5, queue_depth=7),
         beat("g-rollout-1", "rollout", tokens_per_second=100.0, queue_depth=9),
         # gone: its heartbeat is still held, its throughput must not count
@@ -30,6 +37,8 @@ def test_a_groups_figures_come_from_its_trainer_and_its_running_rollouts_only() 
     assert figures == {
         "staleness_p50": 1.0,
         "staleness_p95": 3.0,
+        "is_deviation": 0.012,  # two figures
+        "clip_percent": 4.6,
         "tokens_per_second": 1330.0,  # 1334.5 to three figures
         "queue_depth": 9,
     }
@@ -56,6 +65,8 @@ def test_a_policy_rolls_its_groups_up_with_the_slowest_sync_and_summed_throughpu
     owned = PolicyGroupStatus(
         staleness_p50=0.0,
         staleness_p95=2.0,
+        is_deviation=0.031,
+        clip_percent=1.5,
         tokens_per_second=800.0,
         queue_depth=3,
         sync_seconds=0.1,
@@ -68,6 +79,8 @@ def test_a_policy_rolls_its_groups_up_with_the_slowest_sync_and_summed_throughpu
     assert figures == {
         "staleness_p50": 0.0,
         "staleness_p95": 2.0,
+        "is_deviation": 0.031,  # the trainer's group's, like its staleness
+        "clip_percent": 1.5,
         "tokens_per_second": 1250.0,
         "queue_depth": 5,
         "sync_seconds": 2.5,

@@ -266,6 +266,8 @@ def policygroup_crd() -> dict[str, Any]:
         _col("Tok/s", ".status.tokensPerSecond", "number", "Rollout throughput", wide=True),
         _col("Queue", ".status.queueDepth", "integer", "Requests waiting", wide=True),
         _col("Stale-p95", ".status.stalenessP95", "number", "Sample age p95", wide=True),
+        _col("IS-dev", ".status.isDeviation", "number", "Mean |w-1| of the last step", wide=True),
+        _col("Clip-%", ".status.clipPercent", "number", "Tokens clipped or masked", wide=True),
         _col("Sync-s", ".status.syncSeconds", "number", "Last weight sync", wide=True),
         _col("Changed-%", ".status.changedPercent", "number", "Last delta", wide=True),
         _col("Age", ".metadata.creationTimestamp", "date"),

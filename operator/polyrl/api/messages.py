@@ -126,6 +126,22 @@ class Heartbeat(ApiModel):
     stale_dropped: int = Field(
         0, ge=0, description="Trainer: samples dropped as older than maxStaleness, in all."
     )
+    is_deviation: float | None = Field(
+        None,
+        ge=0,
+        description="Trainer: mean |w - 1| over its last step's trained tokens, w the "
+        "importance weight current/behaviour (how off-policy its samples were).",
+    )
+    clip_fraction: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Trainer: share of its last step's trained tokens whose ratio the "
+        "objective clipped or masked.",
+    )
+    is_m2: float | None = Field(
+        None, ge=0, description="Trainer: mean (log w)^2 of its last step (M2PO's second moment)."
+    )
     sync_seconds: float | None = Field(
         None, ge=0, description="Rollout: seconds its last weight sync took (fetch and apply)."
     )

@@ -24,6 +24,8 @@ from polyrl.api.model_source import ModelSource as ModelSource
 from polyrl.api.model_source import PromptFormat as PromptFormat
 from polyrl.api.model_source import pvc_parts as pvc_parts
 from polyrl.api.model_source import volume_parts as volume_parts
+from polyrl.api.objectives import LossSpec as LossSpec
+from polyrl.api.objectives import ResolvedLoss as ResolvedLoss
 from polyrl.api.status import Phase as Phase
 from polyrl.api.status import PolicyGroupStatus as PolicyGroupStatus
 from polyrl.api.status import PolicyStatus as PolicyStatus
@@ -209,6 +211,14 @@ class AlgorithmSpec(ApiModel):
         description="Control experiment: trainers permute the rewards of each batch before computing advantages, which cuts the link between a completion and its reward; whatever such a run gains does not come from the reward signal.",
     )
     max_new_tokens: int = Field(16, ge=1, le=65536, description="Generation length limit.")
+    loss: LossSpec = Field(
+        default_factory=LossSpec,
+        description="The policy-gradient objective (grpo, gspo, dapo, m2po, cispo) and its parameters.",
+    )
+
+    def resolved_loss(self) -> ResolvedLoss:
+        """The objective with every default applied (`objectives.LossSpec.resolved`)."""
+        return self.loss.resolved(self)
 
 
 class StopSpec(ApiModel):

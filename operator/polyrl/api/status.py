@@ -33,6 +33,17 @@ class _Flow(ApiModel):
     staleness_p95: float | None = Field(
         None, ge=0, description="95th percentile age of the trainer's last batch."
     )
+    is_deviation: float | None = Field(
+        None,
+        ge=0,
+        description="The trainer's last step: mean |w - 1| of the importance weights w = current/behaviour (0: on-policy).",
+    )
+    clip_percent: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="The trainer's last step: share of trained tokens the objective clipped or masked, in %.",
+    )
     tokens_per_second: float | None = Field(
         None, ge=0, description="Generation throughput of the running rollout pods, summed."
     )

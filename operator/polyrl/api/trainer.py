@@ -121,6 +121,12 @@ class TrainerSpec(ApiModel):
         le=16,
         description="Optimizer steps taken on each batch (PPO's epochs), each clipped against the trainer's log-probs before the first. Generation usually takes longer than training, so a trainer that would wait for its next batch gets more out of this one instead; the job's steps still count batches.",
     )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Optimizer steps per pass over a batch: the batch is split into this many mini-batches (verl's ppo_mini_batch_size, as a count), each one optimizer step, so from the second on the current policy has moved from the proximal one and the objective's clip binds. Each mini-batch's loss is normalised over its own tokens or sequences. 1: one step on the whole batch.",
+    )
     uniform_groups: UniformGroups = Field(
         UniformGroups.KEEP,
         description="Groups whose samples all got the same reward (all right, or all wrong) have zero GRPO advantages: they cost compute but add no policy gradient (only the KL term's pull, when klCoef > 0). keep: train on them anyway. skip: the trainer leaves them out of each batch and averages the loss over the other samples' tokens. refill (async mode; skip in sync mode): the workflow runner does not send them (at most 5 in a row), so the batches fill with groups that differ, as in DAPO's dynamic sampling; it costs more generation per step, and a policy whose samples come only from some episodes (a verifier's) can wait long for a batch. The trainer's reward figure covers its whole batch, which with refill holds only the groups that differ; trained_fraction is the share of the batch it trained on.",

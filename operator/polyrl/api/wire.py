@@ -17,6 +17,8 @@ from polyrl.api.base import ApiModel
 
 # 2: requests carry prompt token ids (the workflow runner tokenises), trajectories a loss mask.
 WIRE_VERSION: Final = 2
+# 3: trajectories say how generation ended (`finish_reason`); version 2 ones are still read.
+TRAJECTORY_VERSION: Final = 3
 # Rewards and log-probs the trainer computes with: NaN or infinity would poison a whole step.
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -63,9 +65,10 @@ class GenerationResponse(ApiModel):
 
 
 class Trajectory(ApiModel):
-    """One sample for one policy's trainer."""
+    """One sample for one policy's trainer. Version 3 adds `finish_reason`; a version 2
+    trajectory (an older runner's) is still read, with the reason unknown."""
 
-    v: Literal[2] = WIRE_VERSION
+    v: Literal[2, 3] = TRAJECTORY_VERSION
     id: str = Field(min_length=1, description="Unique sample id (the JetStream message id).")
     episode_id: str
     group_id: str = Field(description="Samples sharing a group are normalised together (GRPO).")
@@ -81,6 +84,11 @@ class Trajectory(ApiModel):
     reward: Finite
     weight_version: int = Field(ge=0, description="Weights that generated the sample.")
     created_at: float = Field(description="Unix time.")
+    finish_reason: Literal["stop", "length"] | None = Field(
+        None,
+        description="length: a reply of the sample was cut at maxNewTokens (DAPO's overlong "
+        "filter leaves it out of the loss); stop: none was; None: not said (version 2).",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Trajectory:

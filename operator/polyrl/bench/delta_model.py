@@ -2,7 +2,7 @@
 
 The built-in figures come from a tiny Llama trained on random tokens; a real pretrained model
 trained by RL is what users will sync. So this runs GRPO steps on `DIR` in one process (the
-trainer's loss, `grpo_loss`, and AdamW as the trainer uses them; rollouts sampled by the torch
+trainer's default loss, `objectives.ppo`, and AdamW as the trainer uses them; rollouts sampled by the torch
 engine serving the bfloat16 weights, refreshed after every step) on the arithmetic task asked
 as chat questions (`TASK`), at each learning rate of `LEARNING_RATES`, and measures every step's
 bfloat16 delta: the fraction of elements that changed, bytes per changed element, size
@@ -29,7 +29,8 @@ from polyrl.workers import tasks
 from polyrl.workers.deltas import decode, encode, format
 from polyrl.workers.rollout.engines.base import SamplingParams
 from polyrl.workers.rollout.engines.torch_engine import TorchEngine
-from polyrl.workers.trainer import batching, grpo
+from polyrl.workers.trainer import batching
+from polyrl.workers.trainer.objectives import ppo
 
 LEARNING_RATES = (1e-6, 1e-5)
 TASK = TaskSpec(
@@ -144,7 +145,7 @@ def _grpo_step(
     model.train()
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     new = batching.token_logprobs(logits, batch.input_ids, batch.loss_mask, TEMPERATURE)
-    loss, _ = grpo.grpo_loss(
+    loss, _ = ppo.decoupled_ppo_loss(
         new,
         batch.old_logprobs,
         batch.advantages,

@@ -25,6 +25,10 @@ def group_figures(beats: Iterable[Heartbeat], running: Collection[str]) -> dict[
     if trainers and trainers[0].staleness_p50 is not None:
         figures["staleness_p50"] = trainers[0].staleness_p50
         figures["staleness_p95"] = trainers[0].staleness_p95
+    if trainers and trainers[0].is_deviation is not None:
+        figures["is_deviation"] = float(f"{trainers[0].is_deviation:.2g}")
+    if trainers and trainers[0].clip_fraction is not None:
+        figures["clip_percent"] = float(f"{100 * trainers[0].clip_fraction:.2g}")
     rollouts = [hb for hb in beats if hb.role == Role.ROLLOUT.value and hb.pod in running]
     figures["tokens_per_second"] = _rounded(sum(hb.tokens_per_second for hb in rollouts))
     depths = [hb.queue_depth for hb in rollouts if hb.queue_depth is not None]
@@ -75,7 +79,10 @@ def policy_figures(
     sync over the slowest links; that is the figure to watch)."""
     figures: dict[str, Any] = {}
     if owned is not None:
-        figures |= {k: getattr(owned, k) for k in ("staleness_p50", "staleness_p95")}
+        figures |= {
+            k: getattr(owned, k)
+            for k in ("staleness_p50", "staleness_p95", "is_deviation", "clip_percent")
+        }
     rates = [g.tokens_per_second for g in groups if g.tokens_per_second is not None]
     figures["tokens_per_second"] = _rounded(sum(rates)) if rates else None
     depths = [g.queue_depth for g in groups if g.queue_depth is not None]

@@ -197,6 +197,20 @@ def test_a_job_with_a_frozen_judge_is_accepted(
             job(spec__policies__1__frozen=True, spec__algorithm={"mode": "sync"}),
             "frozen policies need algorithm.mode async",
         ),
+        (
+            job(spec__algorithm={"loss": {"name": "grpo", "m2Threshold": 0.1}}),
+            "algorithm.loss.m2Threshold applies to name m2po only",
+        ),
+        (
+            job(spec__algorithm={"loss": {"name": "m2po", "clipHigh": 0.3}}),
+            "algorithm.loss.clipLow and clipHigh do not apply to m2po",
+        ),
+        (
+            job(spec__algorithm={"loss": {"name": "gspo", "overlongPenalty": 1.0}}),
+            "overlongPenalty and overlongFilter apply to name dapo only",
+        ),
+        (job(spec__algorithm={"loss": {"name": "ppo"}}), 'Unsupported value: "ppo"'),
+        (job(spec__policies__0__trainer={"miniBatches": 0}), "miniBatches"),
     ],
     ids=[
         "replicas-outside-bounds",
@@ -226,6 +240,11 @@ def test_a_job_with_a_frozen_judge_is_accepted(
         "frozen-with-steps",
         "every-policy-frozen",
         "frozen-in-sync-mode",
+        "loss-parameter-of-another-objective",
+        "m2po-with-a-clip",
+        "overlong-settings-outside-dapo",
+        "loss-outside-enum",
+        "zero-mini-batches",
     ],
 )
 def test_bad_manifests_are_rejected_with_a_readable_message(

@@ -41,3 +41,12 @@ def test_a_completion_with_a_non_finite_log_prob_is_refused() -> None:
 
 def test_finite_values_pass() -> None:
     assert Trajectory.model_validate_json(json.dumps(TRAJECTORY)).reward == 1.0
+
+
+def test_a_version_2_trajectory_is_still_read_with_its_finish_reason_unknown() -> None:
+    old = Trajectory.model_validate_json(json.dumps(TRAJECTORY | {"v": 2}))
+    assert old.finish_reason is None
+    new = Trajectory.model_validate_json(json.dumps(TRAJECTORY | {"finish_reason": "length"}))
+    assert (new.v, new.finish_reason) == (3, "length")
+    with pytest.raises(ValidationError):
+        Trajectory.model_validate_json(json.dumps(TRAJECTORY | {"v": 4}))

@@ -103,6 +103,7 @@ async def test_a_four_turn_conversation_trains_on_exactly_the_ids_sampled_turn_b
         0.0
     ] * (len(sample.tokens) - len(trained))
     assert sample.weight_version == 1  # the oldest reply's weights
+    assert sample.finish_reason == "length"  # the third reply was cut (DAPO's overlong filter)
     assert talk.turns == 4
 
 

@@ -24,10 +24,9 @@ from polyrl.workers.trainer.grpo import (
     age_quantile,
     filter_stale,
     group_advantages,
-    grpo_loss,
-    k3_kl,
-    tis_weights,
 )
+from polyrl.workers.trainer.objectives.ppo import decoupled_ppo_loss as grpo_loss
+from polyrl.workers.trainer.objectives.terms import k3_kl, tis_weights
 
 F64 = torch.float64
 EPS = 1e-6

@@ -75,8 +75,8 @@ def test_without_the_setting_uniform_groups_are_trained_on_and_dilute_the_token_
     keeping = make(tmp_path / "models", skip=False).step([*all_right("u"), *two_groups()])
     alone = make(tmp_path / "models", skip=False).step(two_groups())
     assert keeping["trained_fraction"] == 1.0
-    # The last micro-batch is the same four samples in both; its loss is averaged over 36
-    # completion tokens instead of 24, the uniform group's share of the batch.
+    # The uniform group's tokens have zero advantage: the same policy-gradient sum is
+    # averaged over 36 completion tokens instead of 24, the uniform group's share of the batch.
     assert alone["loss"] != 0
     assert keeping["loss"] == pytest.approx(alone["loss"] * 24 / 36, rel=1e-5)
 

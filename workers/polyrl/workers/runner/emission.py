@@ -79,6 +79,7 @@ class Emission:
             reward=reward,
             weight_version=sample.weight_version,
             created_at=time.time(),
+            finish_reason=sample.finish_reason,
         )
         subject = self.rt.names.trajectories_subject(policy)
         body = trajectory.model_dump_json().encode()

@@ -30,6 +30,9 @@ job's `Ready` and the operator's scale latency are made of.
 | `polyrl_worker_dead_letters` | messages this worker could not parse |
 | `polyrl_worker_staleness_p50`, `_p95` | the trainer's last batch: sample age in versions |
 | `polyrl_worker_stale_dropped` | samples the trainer dropped as older than maxStaleness |
+| `polyrl_worker_is_deviation` | the trainer's last step: mean abs(w - 1) of its importance weights w = current/behaviour |
+| `polyrl_worker_clip_fraction` | the trainer's last step: share of trained tokens the objective clipped or masked |
+| `polyrl_worker_is_m2` | the trainer's last step: mean (log w)^2, the second moment M2PO bounds |
 | `polyrl_worker_sync_seconds` | the rollout's last weight sync: seconds (fetch and apply) |
 | `polyrl_worker_sync_bytes` | the rollout's last weight sync: bytes read |
 | `polyrl_worker_changed_fraction` | share of the weights the last delta rewrote |
@@ -79,6 +82,9 @@ FIGURES = {
     "staleness_p50": "median sample age of the trainer's last batch, in weight versions",
     "staleness_p95": "95th percentile sample age of the trainer's last batch",
     "stale_dropped": "samples the trainer dropped as older than maxStaleness",
+    "is_deviation": "mean |w - 1| of the last step's importance weights (current/behaviour)",
+    "clip_fraction": "share of the last step's trained tokens the objective clipped or masked",
+    "is_m2": "mean squared log importance weight of the last step (M2PO's second moment)",
     "sync_seconds": "seconds the last weight sync took (fetch and apply)",
     "sync_bytes": "bytes the last weight sync read",
     "changed_fraction": "share of the weights' elements the last delta rewrote",

@@ -55,6 +55,9 @@ class Sample:
     completion_mask: Sequence[bool] | None = None
     """Which completion tokens are trained on (a multi-turn episode's tool output is not);
     None: all of them."""
+    finish_reason: str | None = None
+    """How generation ended: "length" where a reply was cut at maxNewTokens, "stop" where
+    none was; None where the runner did not say (an older wire version)."""
 
 
 @dataclass(frozen=True, slots=True)

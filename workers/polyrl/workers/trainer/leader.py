@@ -353,6 +353,9 @@ class Leader:
             "staleness_p50": stats.get("staleness_p50"),
             "staleness_p95": stats.get("staleness_p95"),
             "stale_dropped": self.stale_dropped,
+            "is_deviation": stats.get("is_deviation"),
+            "clip_fraction": stats.get("clip_frac"),
+            "is_m2": stats.get("is_m2"),
         }
         if self.rt.exported is not None:
             self.rt.exported.observe_staleness(self.trainer.last_ages)

@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from polyrl.api.lora import LoraSync
-from polyrl.api.resources import AlgorithmSpec, PolicySpec, UniformGroups
+from polyrl.api.resources import AlgorithmSpec, PolicySpec, ResolvedLoss, UniformGroups
 from polyrl.api.wire import Trajectory
 from polyrl.workers.models import loading as models
 from polyrl.workers.models import lora
-from polyrl.workers.trainer import batching, checkpoint, grpo
+from polyrl.workers.trainer import batching, checkpoint, grpo, objectives, overlong
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,51 +133,82 @@ class Learner:
         }
 
     def step(self, samples: list[batching.Sample]) -> dict[str, float]:
-        """`updatesPerBatch` optimizer steps over this rank's share of `samples`.
+        """`updatesPerBatch` passes over this rank's share of `samples`, each pass one
+        optimizer step per mini-batch (`miniBatches`).
 
         With `trainer.uniformGroups` skip or refill only the groups whose rewards differ are
-        trained on. Every rank sees every sample, so all agree whether anything is left to train.
+        trained on. Every rank sees every sample, so all agree on the mini-batches and on
+        whether anything is left to train.
         """
         self.model.train()
-        scored = batching.assign_advantages(samples)
+        loss = self.algo.resolved_loss()
+        shaped = overlong.penalised(samples, loss) if loss.overlong_buffer else samples
+        scored = batching.assign_advantages(shaped, normalize_std=loss.advantage_std)
+        scored, cut = overlong.filtered(scored, loss)
         skip = self.policy.trainer.uniform_groups != UniformGroups.KEEP
         trained = batching.informative(scored) if skip else scored
-        stats: dict[str, float] = {}
+        figures = _Figures()
         if trained:
-            shard = trained[self.rank :: self.world]  # empty on a rank past a small batch
-            pad = int(self.tokenizer.pad_token_id or 0)
-            batch = batching.collate(shard, pad) if shard else None
-            # Token-mean over the whole step's tokens, divided by the world size because the
-            # gradient all-reduce averages over ranks.
-            step_tokens = max(1.0, sum(map(batching.trained_tokens, trained)) / self.world)
-            fixed: list[_Fixed] = []
-            for _ in range(self.policy.trainer.updates_per_batch):
-                stats = self._update(batch, step_tokens, fixed)
+            minis = [self._mini_batch(part) for part in _split(trained, self._mini_batches)]
+            fixed: list[list[_Fixed]] = [[] for _ in minis]
+            for update in range(self.policy.trainer.updates_per_batch):
+                for (batch, normaliser), kept in zip(minis, fixed, strict=True):
+                    figures.add(self._update(batch, normaliser, kept, loss), update=update)
         self.state.step += 1
+        stats = figures.means()
         stats["reward"] = sum(s.reward for s in samples) / len(samples)
         stats["trained_fraction"] = len(trained) / len(samples)
+        if loss.overlong_filter:
+            stats["overlong_fraction"] = cut / len(samples)
         # Tokens after the prompt the policy was shown, not trained on (a tool's output, a
         # user's turn in a conversation): 0 for one-turn samples.
         after = sum(len(s.completion_ids) for s in samples)
         shown = after - sum(map(batching.trained_tokens, samples))
         stats["shown_fraction"] = shown / after if after else 0.0
-        # Staleness: the mean age of the batch's samples in weight versions, and the share of
-        # each age (`staleness_<age>`): whether maxStaleness drops much, or rollouts keep up.
+        return stats | self._staleness(samples)
+
+    @property
+    def _mini_batches(self) -> int:
+        return self.policy.trainer.mini_batches
+
+    def _mini_batch(
+        self, part: list[batching.Sample]
+    ) -> tuple[batching.Batch | None, objectives.Normaliser]:
+        """This rank's rows of one mini-batch, and what its loss is divided by: the
+        mini-batch's trained tokens and sequences over the world size (the gradient
+        all-reduce averages over ranks)."""
+        shard = part[self.rank :: self.world]  # empty on a rank past a small batch
+        pad = int(self.tokenizer.pad_token_id or 0)
+        tokens = [batching.trained_tokens(s) for s in part]
+        normaliser = objectives.Normaliser(
+            tokens=max(1.0, sum(tokens) / self.world),
+            sequences=max(1.0, sum(1 for n in tokens if n) / self.world),
+        )
+        return (batching.collate(shard, pad) if shard else None), normaliser
+
+    def _staleness(self, samples: list[batching.Sample]) -> dict[str, float]:
+        """The mean age of the batch's samples in weight versions, and the share of each age
+        (`staleness_<age>`): whether maxStaleness drops much, or rollouts keep up."""
         ages = grpo.age_histogram(samples, current_version=self.state.version)
-        stats["staleness"] = sum(age * n for age, n in ages.items()) / len(samples)
-        stats |= {f"staleness_{age}": n / len(samples) for age, n in ages.items()}
-        stats["staleness_p50"] = grpo.age_quantile(ages, 0.5)
-        stats["staleness_p95"] = grpo.age_quantile(ages, 0.95)
         self.last_ages = ages  # for the Prometheus histogram (`polyrl.workers.runtime.prometheus`)
-        return stats
+        return {
+            "staleness": sum(age * n for age, n in ages.items()) / len(samples),
+            **{f"staleness_{age}": n / len(samples) for age, n in ages.items()},
+            "staleness_p50": grpo.age_quantile(ages, 0.5),
+            "staleness_p95": grpo.age_quantile(ages, 0.95),
+        }
 
     def _update(
-        self, batch: batching.Batch | None, step_tokens: float, fixed: list[_Fixed]
-    ) -> dict[str, float]:
+        self,
+        batch: batching.Batch | None,
+        normaliser: objectives.Normaliser,
+        fixed: list[_Fixed],
+        loss: ResolvedLoss,
+    ) -> list[dict[str, float]]:
         """One optimizer step over `batch`; a rank without a share (None) still joins the
         gradient all-reduce, with zero gradients, so that every rank takes the same step."""
         self.optimizer.zero_grad(set_to_none=True)
-        stats = {} if batch is None else self._backward(batch, step_tokens, fixed)
+        stats = [] if batch is None else self._backward(batch, normaliser, fixed, loss)
         self._average_gradients()
         settings = self.policy.trainer.optimizer
         torch.nn.utils.clip_grad_norm_(lora.trainable(self.model), settings.grad_clip)
@@ -187,35 +218,39 @@ class Learner:
         return stats
 
     def _backward(
-        self, batch: batching.Batch, step_tokens: float, fixed: list[_Fixed]
-    ) -> dict[str, float]:
-        """Accumulate the loss gradient of `batch`, micro-batch by micro-batch.
+        self,
+        batch: batching.Batch,
+        normaliser: objectives.Normaliser,
+        fixed: list[_Fixed],
+        loss: ResolvedLoss,
+    ) -> list[dict[str, float]]:
+        """Accumulate the loss gradient of `batch`, micro-batch by micro-batch; each micro-
+        batch's figures.
 
         `fixed` holds what stays constant across a batch's updates, per micro-batch; the first
-        update fills it. Its log-probs are the PPO clip's anchor (`prox`), so later updates of
-        the same batch stay within the clip of the policy the batch started from.
+        update fills it. Its log-probs are the trust region's anchor (`prox`), so later updates
+        of the same batch stay within the clip of the policy the batch started from.
         """
-        stats: dict[str, float] = {}
+        stats = []
         micro = self.policy.trainer.micro_batch_size
         for index, start in enumerate(range(0, batch.input_ids.shape[0], micro)):
             part = slice(start, start + micro)
             new = self._logprobs(self.model, batch, part)
             if index == len(fixed):
                 fixed.append(_Fixed(new.detach(), self._reference_logprobs(batch, part)))
-            loss, stats = grpo.grpo_loss(
+            value, figures = objectives.policy_loss(
                 new,
                 batch.old_logprobs[part],
                 batch.advantages[part],
                 batch.loss_mask[part],
-                clip_low=self.algo.clip_low,
-                clip_high=self.algo.clip_high,
-                tis_cap=self.algo.tis_cap,
-                prox_logprobs=fixed[index].prox,
-                num_tokens=step_tokens,
+                loss=loss,
+                prox=fixed[index].prox,
+                ref=fixed[index].reference,
                 kl_coef=self.algo.kl_coef if fixed[index].reference is not None else 0.0,
-                ref_logprobs=fixed[index].reference,
+                normaliser=normaliser,
             )
-            loss.backward()  # type: ignore[no-untyped-call]
+            value.backward()  # type: ignore[no-untyped-call]
+            stats.append(figures)
         return stats
 
     def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
@@ -264,6 +299,47 @@ class Learner:
         self.freeze_reference()
 
 
+class _Figures:
+    """A step's loss figures over every micro-batch of every optimizer step on this rank:
+    token-weighted means, but `loss` (each micro-batch's is its share of its mini-batch's
+    loss: summed, then averaged over the passes) and `num_tokens` (summed)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.tokens = 0.0
+        self.loss = 0.0
+        self.passes: set[int] = set()
+
+    def add(self, micro_batches: list[dict[str, float]], *, update: int) -> None:
+        self.passes.add(update)
+        for figures in micro_batches:
+            weight = figures["num_tokens"]
+            self.tokens += weight
+            self.loss += figures["loss"]
+            for key, value in figures.items():
+                if key not in ("num_tokens", "loss"):
+                    self.sums[key] = self.sums.get(key, 0.0) + weight * value
+
+    def means(self) -> dict[str, float]:
+        if self.tokens == 0:
+            return {}
+        out = {key: total / self.tokens for key, total in self.sums.items()}
+        return out | {"loss": self.loss / len(self.passes), "num_tokens": self.tokens}
+
+
+def _split(samples: list[batching.Sample], parts: int) -> list[list[batching.Sample]]:
+    """`samples` in `parts` contiguous, near-equal mini-batches (groups mostly stay
+    together); fewer when there are fewer samples than parts."""
+    parts = max(1, min(parts, len(samples)))
+    size, extra = divmod(len(samples), parts)
+    out, start = [], 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        out.append(samples[start:end])
+        start = end
+    return out
+
+
 def scheduled_lr(step: int, lr: float, warmup_steps: int) -> float:
     """The learning rate of RL step `step` (0-based): a linear ramp to `lr` over `warmup_steps`.
 
@@ -285,6 +361,7 @@ def to_samples(trajectories: list[Trajectory]) -> list[batching.Sample]:
             group_id=t.group_id,
             weight_version=t.weight_version,
             completion_mask=t.loss_mask,
+            finish_reason=t.finish_reason,
         )
         for t in trajectories
     ]

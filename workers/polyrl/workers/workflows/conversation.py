@@ -71,6 +71,8 @@ class Conversation:
     """The weight version of each reply."""
     finish: str | None = None
     """How the last reply ended ("stop" or "length"); None once a message follows it."""
+    cut: bool = False
+    """Whether any reply was cut at the length limit (finish reason "length")."""
 
     @classmethod
     def start(cls, policy: str, messages: Sequence[Message], ids: Sequence[int]) -> Conversation:
@@ -116,6 +118,7 @@ class Conversation:
             logprobs=self.logprobs + tuple(completion.logprobs),
             versions=(*self.versions, response.weight_version),
             finish=completion.finish_reason,
+            cut=self.cut or completion.finish_reason == "length",
         )
 
     def with_messages(self, messages: Sequence[Message], ids: Sequence[int]) -> Conversation:
@@ -141,6 +144,7 @@ class Conversation:
             logprobs=list(self.logprobs[p:]),
             loss_mask=list(self.sampled[p:]),
             weight_version=min(self.versions),
+            finish_reason="length" if self.cut else "stop",
         )
 
 

@@ -8,6 +8,7 @@ a sample is this: a one-turn completion (`Sample.of`), or a conversation of seve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from polyrl.api.wire import GenerationResponse
 
@@ -25,6 +26,8 @@ class Sample:
     weight_version: int
     """The weights that wrote it; the oldest of them for a conversation of several turns, so
     that the trainer's staleness bound holds for every turn."""
+    finish_reason: Literal["stop", "length"] | None = None
+    """"length" if a reply was cut at the length limit, else "stop"."""
 
     @classmethod
     def of(cls, response: GenerationResponse, index: int) -> Sample:
@@ -36,6 +39,7 @@ class Sample:
             logprobs=completion.logprobs,
             loss_mask=None,
             weight_version=response.weight_version,
+            finish_reason=completion.finish_reason,
         )
 
 
