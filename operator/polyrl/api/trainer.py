@@ -108,7 +108,17 @@ class TrainerSpec(ApiModel):
     replicas: int = Field(1, ge=1, le=64, description="torchrun nodes (pods).")
     nproc_per_node: int = Field(1, ge=1, le=16, description="Ranks per trainer pod.")
     batch_size: int = Field(64, ge=1, description="Samples per optimizer step, over all ranks.")
-    micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward pass.")
+    micro_batch_size: int = Field(
+        8,
+        ge=1,
+        description="Samples per forward/backward pass, each padded to the longest (unless microBatchTokens is set).",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1048576,
+        description="Pack samples into micro-batches of at most this many tokens (prompt and completion), run as one row whose attention never crosses a sample boundary, instead of padding microBatchSize samples to the longest: much less compute when lengths have a long tail. A sample longer than the budget runs alone.",
+    )
     optimizer: Optimizer = Field(default_factory=Optimizer, description="AdamW settings.")
     steps: int | None = Field(
         None,

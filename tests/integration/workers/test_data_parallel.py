@@ -35,12 +35,15 @@ from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.rollout import main as rollout_main
 from polyrl.workers.runner import main as runner_main
 from polyrl.workers.runtime.worker import Runtime
-from polyrl.workers.trainer import batching, checkpoint, learner, ranks
+from polyrl.workers.trainer import batching, checkpoint, learner, packing, ranks
 
 pytestmark = pytest.mark.slow
+BUDGET = 6  # tokens per packed micro-batch: one or two of the samples below
 
 
-def job_spec(steps: int = 3, *, uniform_groups: str = "keep", lora: bool = False) -> RLJobSpec:
+def job_spec(
+    steps: int = 3, *, uniform_groups: str = "keep", lora: bool = False, packed: bool = False
+) -> RLJobSpec:
     spec = RLJobSpec.model_validate(
         {
             "policies": [
@@ -65,6 +68,9 @@ def job_spec(steps: int = 3, *, uniform_groups: str = "keep", lora: bool = False
             "stop": {"steps": steps},
         }
     )
+    if packed:  # micro-batches of about two samples each, packed, in two mini-batches
+        spec.policies[0].trainer.micro_batch_tokens = BUDGET
+        spec.policies[0].trainer.mini_batches = 2
     if lora:  # adapters on every linear layer, at a LoRA-sized learning rate
         spec.policies[0].trainer.lora = LoraSpec(rank=4)
         spec.policies[0].trainer.optimizer.lr = 1e-3
@@ -104,13 +110,14 @@ def one_step(
     out: Path,
     skip: bool = False,
     lora: bool = False,
+    packed: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     if world > 1:
         dist.init_process_group(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
         )
-    spec = job_spec(uniform_groups="skip" if skip else "keep", lora=lora)
+    spec = job_spec(uniform_groups="skip" if skip else "keep", lora=lora, packed=packed)
     t = learner.Learner(spec.policies[0], spec.algorithm, workdir=workdir, rank=rank, world=world)
     t.sync_from_leader()
     t.step(few_to_train() if skip else fixed_samples())
@@ -121,24 +128,40 @@ def one_step(
 
 
 @pytest.mark.parametrize(
-    ("world", "skip", "lora"),
-    [(2, False, False), (3, True, False), (2, False, True)],
+    ("world", "skip", "lora", "packed"),
+    [
+        (2, False, False, False),
+        (3, True, False, False),
+        (2, False, True, False),
+        (3, False, False, True),
+    ],
     ids=[
         "two-ranks",
         "three-ranks-one-without-a-share-of-the-skipped-batch",
         "two-ranks-training-lora-adapters",
+        "three-ranks-packed-by-tokens-in-two-mini-batches-with-uneven-micro-batch-counts",
     ],
 )
 def test_ranks_take_the_same_step_as_one_rank_with_the_whole_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, world: int, skip: bool, lora: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    world: int,
+    skip: bool,
+    lora: bool,
+    packed: bool,
 ) -> None:
     # Spawned ranks unpickle `one_step` by importing this module: they need the repository
     # root on their path (the `pytest` script, unlike `python -m pytest`, does not add it).
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
-    one_step(0, 1, tmp_path / "models", tmp_path / "unused", tmp_path / "single.pt", skip, lora)
+    models = tmp_path / "models"
+    one_step(0, 1, models, tmp_path / "unused", tmp_path / "single.pt", skip, lora, packed)
+    if packed:  # the ranks' shards of the first mini-batch need different micro-batch counts
+        shards = [fixed_samples()[:4][r::world] for r in range(world)]
+        lengths = [[len(s.prompt_ids) + len(s.completion_ids) for s in p] for p in shards]
+        assert len({len(packing.by_tokens(n, BUDGET)) for n in lengths}) > 1
     mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
         one_step,
-        args=(world, tmp_path / "models", tmp_path / "init", tmp_path / "dp.pt", skip, lora),
+        args=(world, models, tmp_path / "init", tmp_path / "dp.pt", skip, lora, packed),
         nprocs=world,
         join=True,
     )

@@ -188,7 +188,7 @@ def test_the_kl_anchor_is_the_base_with_the_adapters_off(tmp_path: Path) -> None
     for _ in range(2):
         t.step(two_groups())
     batch = batching.collate(two_groups(), 0)
-    anchor = t._reference_logprobs(batch, slice(0, 8))
+    anchor = t._reference_logprobs(batch)
     base = batching.completion_logprobs(
         plain(tmp_path / "m"), batch.input_ids, batch.attention_mask, batch.loss_mask, 1.0
     )

@@ -26,7 +26,9 @@ def settings(name: str, **loss: object) -> ResolvedLoss:
     return AlgorithmSpec.model_validate({"loss": {"name": name, **loss}}).resolved_loss()
 
 
-def run(s: ResolvedLoss, mask: list[list[int]] = MASK, **kw: object) -> tuple[float, dict[str, float]]:
+def run(
+    s: ResolvedLoss, mask: list[list[int]] = MASK, **kw: object
+) -> tuple[float, dict[str, float]]:
     loss, stats = policy_loss(
         torch.tensor(NEW, dtype=F64),
         torch.tensor(OLD, dtype=F64),

@@ -29,7 +29,7 @@ from polyrl.api.resources import AlgorithmSpec, PolicySpec, ResolvedLoss, Unifor
 from polyrl.api.wire import Trajectory
 from polyrl.workers.models import loading as models
 from polyrl.workers.models import lora
-from polyrl.workers.trainer import batching, checkpoint, grpo, objectives, overlong
+from polyrl.workers.trainer import batching, checkpoint, grpo, objectives, overlong, packing
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,8 +152,8 @@ class Learner:
             minis = [self._mini_batch(part) for part in _split(trained, self._mini_batches)]
             fixed: list[list[_Fixed]] = [[] for _ in minis]
             for update in range(self.policy.trainer.updates_per_batch):
-                for (batch, normaliser), kept in zip(minis, fixed, strict=True):
-                    figures.add(self._update(batch, normaliser, kept, loss), update=update)
+                for mini, kept in zip(minis, fixed, strict=True):
+                    figures.add(self._update(mini, kept, loss), update=update)
         self.state.step += 1
         stats = figures.means()
         stats["reward"] = sum(s.reward for s in samples) / len(samples)
@@ -171,20 +171,32 @@ class Learner:
     def _mini_batches(self) -> int:
         return self.policy.trainer.mini_batches
 
-    def _mini_batch(
-        self, part: list[batching.Sample]
-    ) -> tuple[batching.Batch | None, objectives.Normaliser]:
-        """This rank's rows of one mini-batch, and what its loss is divided by: the
-        mini-batch's trained tokens and sequences over the world size (the gradient
-        all-reduce averages over ranks)."""
-        shard = part[self.rank :: self.world]  # empty on a rank past a small batch
-        pad = int(self.tokenizer.pad_token_id or 0)
+    def _mini_batch(self, part: list[batching.Sample]) -> _MiniBatch:
+        """This rank's rows of one mini-batch, its micro-batches (as many as every other
+        rank's: `packing.balanced`), and what its loss is divided by: the mini-batch's
+        trained tokens and sequences over the world size (the gradient all-reduce averages
+        over ranks)."""
+        shards = [part[rank :: self.world] for rank in range(self.world)]
+        plans = packing.balanced([self._plan(shard) for shard in shards])
+        shard = shards[self.rank]  # empty on a rank past a small batch
         tokens = [batching.trained_tokens(s) for s in part]
         normaliser = objectives.Normaliser(
             tokens=max(1.0, sum(tokens) / self.world),
             sequences=max(1.0, sum(1 for n in tokens if n) / self.world),
         )
-        return (batching.collate(shard, pad) if shard else None), normaliser
+        batch = batching.collate(shard, self._pad) if shard else None
+        return _MiniBatch(batch, plans[self.rank], normaliser)
+
+    @property
+    def _pad(self) -> int:
+        return int(self.tokenizer.pad_token_id or 0)
+
+    def _plan(self, shard: list[batching.Sample]) -> packing.Plan:
+        """A rank's micro-batches: by token budget (packed) or by `microBatchSize` rows."""
+        budget = self.policy.trainer.micro_batch_tokens
+        if budget is None:
+            return packing.by_rows(len(shard), self.policy.trainer.micro_batch_size)
+        return packing.by_tokens([len(s.prompt_ids) + len(s.completion_ids) for s in shard], budget)
 
     def _staleness(self, samples: list[batching.Sample]) -> dict[str, float]:
         """The mean age of the batch's samples in weight versions, and the share of each age
@@ -199,16 +211,13 @@ class Learner:
         }
 
     def _update(
-        self,
-        batch: batching.Batch | None,
-        normaliser: objectives.Normaliser,
-        fixed: list[_Fixed],
-        loss: ResolvedLoss,
+        self, mini: _MiniBatch, fixed: list[_Fixed], loss: ResolvedLoss
     ) -> list[dict[str, float]]:
-        """One optimizer step over `batch`; a rank without a share (None) still joins the
-        gradient all-reduce, with zero gradients, so that every rank takes the same step."""
+        """One optimizer step over a mini-batch; a rank without rows in it still runs its
+        (zero-weighted) micro-batches and joins the gradient all-reduce with zero gradients,
+        so that every rank takes the same step."""
         self.optimizer.zero_grad(set_to_none=True)
-        stats = [] if batch is None else self._backward(batch, normaliser, fixed, loss)
+        stats = self._backward(mini, fixed, loss)
         self._average_gradients()
         settings = self.policy.trainer.optimizer
         torch.nn.utils.clip_grad_norm_(lora.trainable(self.model), settings.grad_clip)
@@ -218,58 +227,58 @@ class Learner:
         return stats
 
     def _backward(
-        self,
-        batch: batching.Batch,
-        normaliser: objectives.Normaliser,
-        fixed: list[_Fixed],
-        loss: ResolvedLoss,
+        self, mini: _MiniBatch, fixed: list[_Fixed], loss: ResolvedLoss
     ) -> list[dict[str, float]]:
-        """Accumulate the loss gradient of `batch`, micro-batch by micro-batch; each micro-
-        batch's figures.
+        """Accumulate the loss gradient of a mini-batch, micro-batch by micro-batch; each
+        micro-batch's figures.
 
         `fixed` holds what stays constant across a batch's updates, per micro-batch; the first
         update fills it. Its log-probs are the trust region's anchor (`prox`), so later updates
         of the same batch stay within the clip of the policy the batch started from.
         """
         stats = []
-        micro = self.policy.trainer.micro_batch_size
-        for index, start in enumerate(range(0, batch.input_ids.shape[0], micro)):
-            part = slice(start, start + micro)
-            new = self._logprobs(self.model, batch, part)
+        for index, rows in enumerate(mini.plan):
+            if not rows or mini.batch is None:
+                packing.idle_pass(self.model, self._pad)  # as many passes as the other ranks
+                continue
+            part = _rows(mini.batch, rows)
+            new = self._logprobs(self.model, part)
             if index == len(fixed):
-                fixed.append(_Fixed(new.detach(), self._reference_logprobs(batch, part)))
+                fixed.append(_Fixed(new.detach(), self._reference_logprobs(part)))
             value, figures = objectives.policy_loss(
                 new,
-                batch.old_logprobs[part],
-                batch.advantages[part],
-                batch.loss_mask[part],
+                part.old_logprobs,
+                part.advantages,
+                part.loss_mask,
                 loss=loss,
                 prox=fixed[index].prox,
                 ref=fixed[index].reference,
                 kl_coef=self.algo.kl_coef if fixed[index].reference is not None else 0.0,
-                normaliser=normaliser,
+                normaliser=mini.normaliser,
             )
             value.backward()  # type: ignore[no-untyped-call]
             stats.append(figures)
         return stats
 
-    def _reference_logprobs(self, batch: batching.Batch, part: slice) -> torch.Tensor | None:
+    def _reference_logprobs(self, part: batching.Batch) -> torch.Tensor | None:
         if self.algo.kl_coef > 0 and lora.is_lora(self.model):
             with torch.no_grad(), lora.adapters_off(self.model):
-                return self._logprobs(self.model, batch, part)
+                return self._logprobs(self.model, part)
         if self.reference is None:
             return None
         with torch.no_grad():
-            return self._logprobs(self.reference, batch, part)
+            return self._logprobs(self.reference, part)
 
-    def _logprobs(self, model: Any, batch: batching.Batch, part: slice) -> torch.Tensor:
-        """`model`'s log-probs of the completion tokens of rows `part`, at sampling temperature."""
-        return batching.completion_logprobs(
-            model,
-            batch.input_ids[part],
-            batch.attention_mask[part],
-            batch.loss_mask[part],
-            self.algo.temperature,
+    def _logprobs(self, model: Any, part: batching.Batch) -> torch.Tensor:
+        """`model`'s log-probs of the completion tokens of `part`, at sampling temperature:
+        as one packed row under `microBatchTokens`, else padded rows."""
+        score = (
+            batching.completion_logprobs
+            if self.policy.trainer.micro_batch_tokens is None
+            else packing.packed_logprobs
+        )
+        return score(
+            model, part.input_ids, part.attention_mask, part.loss_mask, self.algo.temperature
         )
 
     def _average_gradients(self) -> None:
@@ -297,6 +306,30 @@ class Learner:
                 self.optimizer.load_state_dict(shared[0])
                 self.state = shared[1]
         self.freeze_reference()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _MiniBatch:
+    """This rank's rows of a mini-batch (None: none), its micro-batches and normaliser."""
+
+    batch: batching.Batch | None
+    plan: packing.Plan
+    normaliser: objectives.Normaliser
+
+
+def _rows(batch: batching.Batch, rows: list[int]) -> batching.Batch:
+    """The rows `rows` of `batch` (consecutive ones as a view), trimmed to their longest."""
+    index = slice(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1)) else rows
+    width = int(batch.attention_mask[index].sum(dim=1).max())
+    return batching.Batch(
+        input_ids=batch.input_ids[index, :width],
+        attention_mask=batch.attention_mask[index, :width],
+        loss_mask=batch.loss_mask[index, :width],
+        old_logprobs=batch.old_logprobs[index, :width],
+        advantages=batch.advantages[index, :width],
+        rewards=batch.rewards[index],
+        weight_versions=batch.weight_versions[index],
+    )
 
 
 class _Figures:
