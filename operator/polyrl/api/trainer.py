@@ -139,7 +139,13 @@ class TrainerSpec(ApiModel):
     )
     uniform_groups: UniformGroups = Field(
         UniformGroups.KEEP,
-        description="Groups whose samples all got the same reward (all right, or all wrong) have zero GRPO advantages: they cost compute but add no policy gradient (only the KL term's pull, when klCoef > 0). keep: train on them anyway. skip: the trainer leaves them out of each batch and averages the loss over the other samples' tokens. refill (async mode; skip in sync mode): the workflow runner does not send them (at most 5 in a row), so the batches fill with groups that differ, as in DAPO's dynamic sampling; it costs more generation per step, and a policy whose samples come only from some episodes (a verifier's) can wait long for a batch. The trainer's reward figure covers its whole batch, which with refill holds only the groups that differ; trained_fraction is the share of the batch it trained on.",
+        description="Groups whose samples all got the same reward (all right, or all wrong) have zero GRPO advantages: they cost compute but add no policy gradient (only the KL term's pull, when klCoef > 0). keep: train on them anyway. skip: the trainer leaves them out of each batch and averages the loss over the other samples' tokens. refill (async mode; skip in sync mode): the workflow runner does not send them (at most refillLimit in a row), so the batches fill with groups that differ, as in DAPO's dynamic sampling; it costs more generation per step, and a policy whose samples come only from some episodes (a verifier's) can wait long for a batch. The trainer's reward figure covers its whole batch, which with refill holds only the groups that differ; trained_fraction is the share of the batch it trained on.",
+    )
+    refill_limit: int = Field(
+        5,
+        ge=0,
+        le=64,
+        description="uniformGroups refill: at most this many of the policy's groups rewarded alike are left out in a row; the next is sent whatever its rewards and the trainer trains on what its batch holds (trained_fraction says how much). Generation costs at most refillLimit + 1 times as much per group sent, so a model that gets everything right, or nothing, still takes its steps.",
     )
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
     ledger: bool = Field(

@@ -4,8 +4,9 @@ One module per benchmark, each with `run(*, quick: bool) -> dict[str, Any]`: `op
 (apply-to-pods, scaling and idle cost on a real control plane), `delta` (weight-delta coding
 and sync over NATS), `engine` (the torch engine's generation throughput), `pipeline`
 (async against sync on the local runner), `dataplane` (requests, responses and
-trajectories driven hard, with a null engine and a null trainer) and `tls` (NATS over TLS
-against an open server). Figures compare against a
+trajectories driven hard, with a null engine and a null trainer), `tls` (NATS over TLS
+against an open server), `lora` (LoRA against full fine-tuning) and `trainer` (padded
+against packed micro-batches). Figures compare against a
 baseline measured in the same run (ratios), and docs/benchmarks.md records them. Nothing outside this package
 imports it; benchmarks may use test support (`polyrl.testing`) to start a control plane.
 """
@@ -18,4 +19,5 @@ BENCHMARKS = {
     "dataplane": "polyrl.bench.dataplane",
     "tls": "polyrl.bench.tls",
     "lora": "polyrl.bench.lora",
+    "trainer": "polyrl.bench.trainer",
 }

@@ -19,7 +19,6 @@ memory (`getrusage`'s high-water mark) is that configuration's alone. SPEC (JSON
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -27,22 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from polyrl.bench import rss
+
 GROUP = 4
-
-
-def _peak_gb() -> float:
-    """The peak resident memory since the last `_reset_peak` (Linux's VmHWM), else since the
-    process started."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 2**20, 3)  # kB
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
-
-
-def _reset_peak() -> None:
-    """Start the peak over from what is resident now (`clear_refs` 5), so that a step's peak
-    is not the model load's."""
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def train(spec: dict[str, Any]) -> dict[str, Any]:
@@ -70,8 +56,8 @@ def train(spec: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="polyrl-bench-lora-") as workdir:
         learner = Learner(policy, AlgorithmSpec(group_size=GROUP), workdir=Path(workdir))
         samples = _samples(spec, len(learner.tokenizer))
-        load_peak = _peak_gb()
-        _reset_peak()
+        load_peak = rss.peak_gb()
+        rss.reset_peak()
         seconds = []
         for _ in range(spec["steps"]):
             started = time.perf_counter()
@@ -79,7 +65,7 @@ def train(spec: dict[str, Any]) -> dict[str, Any]:
             seconds.append(time.perf_counter() - started)
         figures: dict[str, Any] = {
             "load_peak_rss_gb": load_peak,
-            "peak_rss_gb": _peak_gb(),
+            "peak_rss_gb": rss.peak_gb(),
             "step_s": round(statistics.median(seconds), 3),
             "trainable_params": sum(
                 p.numel() for p in learner.model.parameters() if p.requires_grad
@@ -127,8 +113,8 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(spec["threads"])
     model = _base_model(spec)
-    load_peak = _peak_gb()
-    _reset_peak()  # from here: the engine, its adapters and its batches
+    load_peak = rss.peak_gb()
+    rss.reset_peak()  # from here: the engine, its adapters and its batches
     engine = TorchEngine(model, max_batch_size=spec["batch"])
     for i, slot in enumerate(spec["slots"]):
         engine.load_adapter(Adapter(_adapter(model, spec["rank"], seed=i), 2 * spec["rank"]), slot)
@@ -148,7 +134,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
             batches.append(time.perf_counter() - switched)
     return {
         "load_peak_rss_gb": load_peak,
-        "peak_rss_gb": _peak_gb(),
+        "peak_rss_gb": rss.peak_gb(),
         "batch_s": round(statistics.median(batches), 3),
         # A one-slot engine never switches; a shared one does before every other batch.
         "switch_s": round(max(switches[1:]) if len(spec["slots"]) > 1 else 0.0, 3),

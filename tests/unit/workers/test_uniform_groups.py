@@ -46,3 +46,12 @@ def test_a_policy_whose_groups_are_all_alike_still_gets_one_in_every_few() -> No
     leave = LeaveOut({"solver"}, most_in_a_row=3)
     sent = [leave.send(group("solver", *r)) for r in [(0, 0), (0, 0), (0, 1), (0, 0), (0, 0)]]
     assert sent == [False, False, True, False, False]
+
+
+def test_each_policy_has_its_own_refill_limit_and_zero_leaves_nothing_out() -> None:
+    leave = LeaveOut({"solver": 1, "verifier": 0})
+    solver = [leave.send(group("solver", 0.0, 0.0)) for _ in range(4)]
+    verifier = [leave.send(group("verifier", 1.0, 1.0)) for _ in range(2)]
+    assert solver == [False, True, False, True]
+    assert verifier == [True, True]
+    assert leave.left_out == {"solver": 4}

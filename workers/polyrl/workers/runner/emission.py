@@ -40,7 +40,7 @@ class Emission:
         # their batches from a fixed number of episodes: there the trainers leave them out instead.
         spec = rt.config.spec
         refill = {
-            p.name
+            p.name: p.trainer.refill_limit
             for p in spec.policies
             if spec.algorithm.mode != Mode.SYNC and p.trainer.uniform_groups == UniformGroups.REFILL
         }

@@ -11,15 +11,17 @@ where its workflow says the groups emitted so far are whole (`Episode.settle`), 
 episode cut short had not settled is not sent.
 
 A policy that gets every problem right, or none (an untrained one), would have every group left
-out and its trainer would wait forever; so at most `MOST_LEFT_OUT_IN_A_ROW` of a policy's
-groups in a row are left out, and the next is sent whatever its rewards. Generation then costs
-at most that many times more per group trained on, and such a trainer still takes its steps.
+out and its trainer would wait forever; so at most `trainer.refillLimit` (default
+`MOST_LEFT_OUT_IN_A_ROW`) of a policy's groups in a row are left out, and the next is sent
+whatever its rewards (its trainer skips it: it trains on what there is, and its
+`trained_fraction` says how much). Generation then costs at most limit + 1 times as much per
+group sent, and such a trainer still takes its steps.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -60,9 +62,10 @@ class HeldGroups:
 
 @dataclass
 class LeaveOut:
-    """Which groups of the `refill` policies to leave out, over all of a runner's episodes."""
+    """Which groups of the `refill` policies to leave out, over all of a runner's episodes.
+    `refill`: the policies that refill, or each one's limit (`trainer.refillLimit`)."""
 
-    refill: AbstractSet[str]
+    refill: AbstractSet[str] | Mapping[str, int]
     most_in_a_row: int = MOST_LEFT_OUT_IN_A_ROW
     in_a_row: Counter[str] = field(default_factory=Counter)
     sent: Counter[str] = field(default_factory=Counter)  # samples
@@ -74,7 +77,8 @@ class LeaveOut:
         if policy not in self.refill:
             return True
         uniform = len({s.reward for s in group}) == 1
-        if uniform and self.in_a_row[policy] < self.most_in_a_row:
+        limit = self.refill[policy] if isinstance(self.refill, Mapping) else self.most_in_a_row
+        if uniform and self.in_a_row[policy] < limit:
             self.in_a_row[policy] += 1
             self.left_out[policy] += len(group)
             return False
