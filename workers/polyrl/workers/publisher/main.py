@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -55,12 +53,9 @@ async def publish(rt: Runtime, policy: PolicySpec, workdir: Path) -> str:
     model, tokenizer = await asyncio.to_thread(
         models.make_model, policy.model, cache_dir=workdir / "models"
     )
-    export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
-    try:
-        await asyncio.to_thread(models.export, model, tokenizer, export)
-        size = await bundle.publish(rt.js, rt.names, policy.name, export)
-    finally:
-        shutil.rmtree(export, ignore_errors=True)
+    size = await bundle.publish_exported(
+        rt.js, rt.names, policy.name, lambda out: models.export(model, tokenizer, out)
+    )
     state = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
     store = await WeightStore.open(rt.js, rt.names.weights_bucket(policy.name))
     publisher = WeightPublisher(store, rt.names, policy.name, keyframe_every=1)

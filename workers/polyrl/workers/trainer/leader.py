@@ -23,11 +23,8 @@ import asyncio
 import contextlib
 import enum
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -148,12 +145,9 @@ class Leader:
     async def start(self) -> Any:
         # Config and tokenizer first: the workflow runner encodes this policy's prompts with
         # them, and neither changes in the warm-up.
-        export = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
-        try:
-            self.trainer.export(export)
-            await bundle.publish(self.rt.js, self.rt.names, self.policy.name, export)
-        finally:
-            shutil.rmtree(export, ignore_errors=True)
+        await bundle.publish_exported(
+            self.rt.js, self.rt.names, self.policy.name, self.trainer.export
+        )
         await self.warm_up_and_evaluate()
         store = await WeightStore.open(self.rt.js, self.rt.names.weights_bucket(self.policy.name))
         every = 1 if self.policy.weight_sync == WeightSync.FULL else self.policy.keyframe_every

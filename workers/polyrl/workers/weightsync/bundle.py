@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import shutil
 import tarfile
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from nats.js import JetStreamContext
@@ -50,6 +53,19 @@ async def publish(js: JetStreamContext, names: JobNames, policy: str, model_dir:
     blob = pack(model_dir)
     await store.put(BUNDLE, blob)
     return len(blob)
+
+
+async def publish_exported(
+    js: JetStreamContext, names: JobNames, policy: str, export: Callable[[Path], object]
+) -> int:
+    """Publish the bundle of a model that `export` writes as an HF directory (a trainer's or
+    a frozen policy's publisher's), from a scratch directory removed afterwards; its size."""
+    scratch = Path(tempfile.mkdtemp(prefix="polyrl-bundle-"))
+    try:
+        await asyncio.to_thread(export, scratch)
+        return await publish(js, names, policy, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def fetch(
