@@ -5,8 +5,9 @@
 
 Each run is `polyrl run` of the job with `algorithm.loss.name` set (and `workflow.task.seed`
 to the seed; `--lora R` adds `trainer.lora: {rank: R}` to every trained policy, `--steps N`
-sets `stop.steps`), in `OUT/<objective>-s<seed>/`; a run whose directory already holds a
-finished `summary.json` is not run again, so an interrupted comparison resumes. Then, from
+sets `stop.steps`, `--lr X` every trainer's learning rate), in `OUT/<objective>-s<seed>/`; a
+run whose directory already holds a finished `summary.json` is not run again, so an
+interrupted comparison resumes. Then, from
 every run's `metrics.jsonl`: each policy's held-out figure at every evaluation, the median
 seconds per step, and the mean importance-weight figures (`is_deviation`, `clip_frac`,
 `is_m2`), as `OUT/comparison.json`, a Markdown table `OUT/comparison.md` and a plot of
@@ -40,10 +41,14 @@ def job_for(
         spec.setdefault("stop", {})["steps"] = args.steps
         for policy in spec["policies"]:
             policy.get("trainer", {}).pop("steps", None)
-    if args.lora:
-        for policy in spec["policies"]:
-            if not policy.get("frozen"):
-                policy.setdefault("trainer", {})["lora"] = {"rank": args.lora}
+    for policy in spec["policies"]:
+        if policy.get("frozen"):
+            continue
+        trainer = policy.setdefault("trainer", {})
+        if args.lora:
+            trainer["lora"] = {"rank": args.lora}
+        if args.lr:
+            trainer.setdefault("optimizer", {})["lr"] = args.lr
     job["metadata"]["name"] = f"{job['metadata']['name']}-{objective}-s{seed}"
     return job
 
@@ -155,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/objectives"))
     parser.add_argument("--lora", type=int, default=0, help="add trainer.lora of this rank")
     parser.add_argument("--steps", type=int, default=0, help="set stop.steps")
+    parser.add_argument("--lr", type=float, default=0.0, help="set every trainer's lr")
     parser.add_argument("--polyrl", default=str(Path(sys.executable).with_name("polyrl")))
     args = parser.parse_args(argv)
     doc = yaml.safe_load(args.job.read_text())

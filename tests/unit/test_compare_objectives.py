@@ -28,7 +28,7 @@ def script() -> ModuleType:
 def test_each_run_is_the_job_with_its_objective_seed_steps_and_lora() -> None:
     compare = script()
     doc = yaml.safe_load((REPO / "examples/quickstart.yaml").read_text())
-    args = argparse.Namespace(steps=30, lora=16)
+    args = argparse.Namespace(steps=30, lora=16, lr=3e-4)
     job = RLJob.model_validate(compare.job_for(doc, "m2po", 1, args))
     assert job.metadata.name == "quickstart-m2po-s1"
     assert job.spec.algorithm.loss.name == "m2po"
@@ -36,6 +36,7 @@ def test_each_run_is_the_job_with_its_objective_seed_steps_and_lora() -> None:
     assert job.spec.stop.steps == 30
     assert all(p.trainer.steps is None for p in job.spec.policies)
     assert all(p.trainer.lora is not None and p.trainer.lora.rank == 16 for p in job.spec.policies)
+    assert all(p.trainer.optimizer.lr == 3e-4 for p in job.spec.policies)
     assert "loss" not in doc["spec"]["algorithm"]  # the shipped job is left as it is
 
 
