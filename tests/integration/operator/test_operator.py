@@ -205,6 +205,51 @@ def test_episodes_the_runners_dropped_show_in_the_jobs_status_by_policy_and_reas
     assert solver["droppedEpisodes"] == {"tool": 3, "turns": 1}
 
 
+async def _say_trained(url: str, ns: str, job: str, pod: str) -> None:
+    """Put the heartbeat of a trainer whose last step's samples were off-policy."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(JobNames(namespace=ns, job=job).heartbeats_bucket)
+        beat = Heartbeat(
+            pod=pod, role="trainer", policy="solver", state="serving", at=time.time(), step=3,
+            staleness_p50=1.0, staleness_p95=2.0, is_deviation=0.0412, clip_fraction=0.0234,
+            is_m2=0.01,
+        )  # fmt: skip
+        await kv.put(
+            JobNames.heartbeat_key("solver", "trainer", pod), beat.model_dump_json().encode()
+        )
+    finally:
+        await nc.close()
+
+
+def test_a_trainers_importance_weight_figures_show_in_its_groups_and_jobs_status(
+    kubectl: Kubectl, ns: str, nats_server: NatsServer
+) -> None:
+    apply(kubectl, ns, job_doc("offp"))
+    wait_until("the job's streams", lambda: get(kubectl, ns, "rljob", "offp").get("status"))
+    asyncio.run(_say_trained(nats_server.url, ns, "offp", "offp-solver-trainer-0"))
+    group = wait_until(
+        "the group's status to show the trainer's IS figures",
+        lambda: (
+            (s := get(kubectl, ns, "pg", "offp-solver").get("status", {})).get("clipPercent") and s
+        ),
+    )
+    assert (group["isDeviation"], group["clipPercent"]) == (0.041, 2.3)
+    job = wait_until(
+        "the job's policy line to show them",
+        lambda: (
+            p
+            if (p := get(kubectl, ns, "rljob", "offp").get("status", {}).get("policies"))
+            and p[0].get("clipPercent")
+            else None
+        ),
+    )
+    assert (job[0]["isDeviation"], job[0]["clipPercent"]) == (0.041, 2.3)
+    wide = kubectl("get", "pg", "offp-solver", "-n", ns, "-o", "wide").stdout
+    assert "IS-DEV" in wide
+    assert "0.041" in wide
+
+
 def test_a_pod_that_served_but_does_not_drain_is_deleted_after_the_drain_timeout(
     kubectl: Kubectl, ns: str, nats_server: NatsServer
 ) -> None:
