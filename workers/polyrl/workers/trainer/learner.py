@@ -150,7 +150,7 @@ class Learner:
         figures = _Figures()
         if trained:
             minis = [self._mini_batch(part) for part in _split(trained, self._mini_batches)]
-            fixed: list[list[_Fixed]] = [[] for _ in minis]
+            fixed: list[dict[int, _Fixed]] = [{} for _ in minis]
             for update in range(self.policy.trainer.updates_per_batch):
                 for mini, kept in zip(minis, fixed, strict=True):
                     figures.add(self._update(mini, kept, loss), update=update)
@@ -211,7 +211,7 @@ class Learner:
         }
 
     def _update(
-        self, mini: _MiniBatch, fixed: list[_Fixed], loss: ResolvedLoss
+        self, mini: _MiniBatch, fixed: dict[int, _Fixed], loss: ResolvedLoss
     ) -> list[dict[str, float]]:
         """One optimizer step over a mini-batch; a rank without rows in it still runs its
         (zero-weighted) micro-batches and joins the gradient all-reduce with zero gradients,
@@ -227,7 +227,7 @@ class Learner:
         return stats
 
     def _backward(
-        self, mini: _MiniBatch, fixed: list[_Fixed], loss: ResolvedLoss
+        self, mini: _MiniBatch, fixed: dict[int, _Fixed], loss: ResolvedLoss
     ) -> list[dict[str, float]]:
         """Accumulate the loss gradient of a mini-batch, micro-batch by micro-batch; each
         micro-batch's figures.
@@ -243,8 +243,8 @@ class Learner:
                 continue
             part = _rows(mini.batch, rows)
             new = self._logprobs(self.model, part)
-            if index == len(fixed):
-                fixed.append(_Fixed(new.detach(), self._reference_logprobs(part)))
+            if index not in fixed:
+                fixed[index] = _Fixed(new.detach(), self._reference_logprobs(part))
             value, figures = objectives.policy_loss(
                 new,
                 part.old_logprobs,
