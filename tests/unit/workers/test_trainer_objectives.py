@@ -95,6 +95,10 @@ def test_the_soft_overlong_penalty_grows_linearly_over_the_buffer() -> None:
         completion_mask=[True] * 3 + [False] * 2 + [True] * 4,
     )  # fmt: skip
     assert overlong.longest_reply(shown) == 4  # a conversation is measured by its longest reply
+    stopped = dataclasses.replace(shown, finish_reason="stop")
+    assert overlong.longest_reply(stopped) == 3  # its end-of-turn token is not content
+    cut_short = dataclasses.replace(shown, finish_reason="length")
+    assert overlong.longest_reply(cut_short) == 4
 
 
 def test_dapo_filters_samples_cut_at_the_limit_out_of_the_loss_and_counts_them() -> None:

@@ -8,9 +8,12 @@ before the limit:
     R'(y) = R(y) - penalty * clip((|y| - (L_max - buffer)) / buffer, 0, 1)
 
 |y| is the longest reply of the sample (a run of sampled tokens under its loss mask), since
-the limit applies to each generation call of a multi-turn episode. The penalty changes the
-reward before advantages are computed; the filter leaves the sample in its group (its reward
-still shapes its siblings' advantages) and trains on none of its tokens.
+the limit applies to each generation call of a multi-turn episode, without the end-of-turn
+token of a reply that stopped: that token is not content, and counting it would penalise a
+well-formed answer that needs the whole budget (a 3-digit sum under `maxNewTokens: 4`) as if
+it had been cut. The penalty changes the reward before advantages are computed; the filter
+leaves the sample in its group (its reward still shapes its siblings' advantages) and trains
+on none of its tokens.
 """
 
 from __future__ import annotations
@@ -23,15 +26,14 @@ from polyrl.workers.trainer.batching import Sample
 
 
 def longest_reply(sample: Sample) -> int:
-    """The longest run of sampled tokens: the longest single generation."""
+    """The longest run of sampled tokens (the longest single generation), less its end-of-
+    turn token where every reply stopped (finish reason "stop")."""
     mask = sample.completion_mask
-    if mask is None:
-        return len(sample.completion_ids)
     best = run = 0
-    for sampled in mask:
+    for sampled in [True] * len(sample.completion_ids) if mask is None else mask:
         run = run + 1 if sampled else 0
         best = max(best, run)
-    return best
+    return best - 1 if sample.finish_reason == "stop" and best > 0 else best
 
 
 def penalty(length: int, loss: ResolvedLoss) -> float:
