@@ -4,8 +4,9 @@
 # trainer and a sparse delta reaching its CUDA weights bit for bit), then decode throughput of
 # the torch engine, CPU against CUDA, on a model somewhat larger than the tests' tiny one, and
 # SmolLM2-135M's shape: engine-trainer agreement and one GRPO step (gpu_check_smollm2.py).
-# Needs only torch and transformers (and pytest for the
-# tests); installs nothing. Run from anywhere on a CUDA machine:
+# Needs torch, transformers, tokenizers, pydantic and zstandard (the tests import the wire models
+# and the delta codec), and pytest for the tests; installs nothing. Run from anywhere on a CUDA
+# machine:
 #
 #     bash scripts/gpu_check_engine.sh          # PYTHON=/path/to/python to pick an interpreter
 #

@@ -83,9 +83,12 @@ def merge(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) ->
 
     The same arithmetic, in the same order, as PEFT's `get_delta_weight` added to the base,
     and the same rounding as the trainer's merged weights (`lora.merged_state`, published in
-    bf16 under `sync: merged`): the two differ only by the adapter's own rounding to bf16."""
+    bf16 under `sync: merged`): the two differ only by the adapter's own rounding to bf16.
+    Computed where the adapter is (the host, as it arrives), so that an engine's weights on an
+    accelerator get the same bits; the result goes where `base` is."""
     delta = (b.float() @ a.float()) * scale
-    return (base.float() + delta).to(torch.bfloat16).to(base.dtype)
+    merged = (base.to(delta.device).float() + delta).to(torch.bfloat16)
+    return merged.to(device=base.device, dtype=base.dtype)
 
 
 def _pairs(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -90,12 +90,16 @@ class TorchEngine:
         return results
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The weights served, in the trainer's dtype: the live tensors, the host copy, or
-        (on an accelerator) a fresh host copy. With an adapter, its merged weights over the
-        base, computed here: the host copy holds the base, since adapters merge from it."""
+        """The weights served, in the trainer's dtype: the live tensors or the host copy, which
+        the rollout worker patches in place and pushes with `load_weights`. On an accelerator
+        the host copy is made at the first call and kept, from the base where an adapter is
+        merged. With an adapter, its merged weights over the base, computed here: the host
+        copy holds the base, since adapters merge from it."""
         if self.weights_are_live:
             return dict(self._live)
-        held = self._host if self._host is not None else base.host_copy(self._live)
+        if self._host is None:
+            self._host = base.host_copy(self._live | self._base)
+        held = self._host
         if self._adapter is None:
             return held
         merged = {n: self._adapter.merged(n, self._base_of(n)) for n in self._adapted}
