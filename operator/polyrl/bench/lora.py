@@ -16,12 +16,11 @@ on that Hugging Face directory (SmolLM2-135M: `polyrl models fetch --dequantize`
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from polyrl.bench import probe
 
 TINY = "tiny-llama://bench-lora"
 
@@ -71,10 +70,4 @@ def _ratios(f: dict[str, Any]) -> dict[str, float]:
 
 def _probe(spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
     name = f"{spec['kind']}-{spec.get('rank')}-{len(spec.get('slots', []))}"
-    spec_file, out = scratch / f"{name}.json", scratch / f"{name}-out.json"
-    spec_file.write_text(json.dumps(spec))
-    command = [sys.executable, "-m", "polyrl.bench.lora_probe", str(spec_file), str(out)]
-    print(f"lora bench: {name} ...", file=sys.stderr, flush=True)
-    subprocess.run(command, check=True, stdout=sys.stderr)
-    figures: dict[str, Any] = json.loads(out.read_text())
-    return figures
+    return probe.run("polyrl.bench.lora_probe", name, spec, scratch)

@@ -15,13 +15,13 @@ Face directory (SmolLM2-135M: `polyrl models fetch --dequantize`).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from polyrl.bench import probe
+
+PROBE = "polyrl.bench.trainer_probe"
 TINY = "tiny-llama://bench-trainer"
 
 
@@ -42,7 +42,7 @@ def run(*, quick: bool, model: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="polyrl-bench-trainer-") as scratch:
         for _ in range(1 if quick else 2):  # alternated, so that a busy spell hits both
             for mode, got in runs.items():
-                got.append(_probe(spec | {"mode": mode}, Path(scratch)))
+                got.append(probe.run(PROBE, mode, spec | {"mode": mode}, Path(scratch)))
     for mode, got in runs.items():
         best = max(got, key=lambda g: g["tokens_per_second"])  # the least disturbed
         figures |= {f"{mode}_{key}": value for key, value in best.items()}
@@ -53,14 +53,4 @@ def run(*, quick: bool, model: Path | None = None) -> dict[str, Any]:
     figures["packed_vs_padded_peak_memory"] = round(
         figures["packed_peak_rss_gb"] / figures["padded_peak_rss_gb"], 3
     )
-    return figures
-
-
-def _probe(spec: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    spec_file, out = scratch / f"{spec['mode']}.json", scratch / f"{spec['mode']}-out.json"
-    spec_file.write_text(json.dumps(spec))
-    command = [sys.executable, "-m", "polyrl.bench.trainer_probe", str(spec_file), str(out)]
-    print(f"trainer bench: {spec['mode']} ...", file=sys.stderr, flush=True)
-    subprocess.run(command, check=True, stdout=sys.stderr)
-    figures: dict[str, Any] = json.loads(out.read_text())
     return figures
