@@ -149,43 +149,33 @@ def test_scaling_a_group_creates_and_drains_pods(kubectl: Kubectl, ns: str) -> N
     wait_until("a Deleted event", lambda: "Deleted" in reasons(kubectl, ns, "scale-solver"))
 
 
-async def _say_serving(url: str, ns: str, job: str, pod: str) -> None:
-    """Put the heartbeat a serving rollout worker would (the test plays a worker that then
-    stops answering)."""
-    nc = await nats.connect(url)
-    try:
-        names = JobNames(namespace=ns, job=job)
-        kv = await nc.jetstream().key_value(names.heartbeats_bucket)
-        beat = Heartbeat(
-            pod=pod,
-            role="rollout",
-            policy="solver",
-            state="serving",
-            at=time.time(),
-            tokens_per_second=TOKENS_PER_SECOND,
-        )
-        await kv.put(
-            JobNames.heartbeat_key("solver", "rollout", pod), beat.model_dump_json().encode()
-        )
-    finally:
-        await nc.close()
-
-
-async def _say_dropped(url: str, ns: str, job: str, pod: str) -> None:
-    """Put the heartbeat of a workflow runner that dropped episodes."""
+async def _beat(url: str, ns: str, job: str, beat: Heartbeat) -> None:
+    """Put `beat` where its worker would (the test plays that worker)."""
     nc = await nats.connect(url)
     try:
         kv = await nc.jetstream().key_value(JobNames(namespace=ns, job=job).heartbeats_bucket)
-        beat = Heartbeat(
-            pod=pod,
-            role="workflow",
-            state="serving",
-            at=time.time(),
-            dropped_episodes={"solver": {"tool": 3, "turns": 1}, "-": {"prompt": 2}},
-        )
-        await kv.put(JobNames.heartbeat_key(None, "workflow", pod), beat.model_dump_json().encode())
+        key = JobNames.heartbeat_key(beat.policy, beat.role, beat.pod)
+        await kv.put(key, beat.model_dump_json().encode())
     finally:
         await nc.close()
+
+
+async def _say_serving(url: str, ns: str, job: str, pod: str) -> None:
+    """The heartbeat of a serving rollout worker (that then stops answering)."""
+    beat = Heartbeat(
+        pod=pod, role="rollout", policy="solver", state="serving", at=time.time(),
+        tokens_per_second=TOKENS_PER_SECOND,
+    )  # fmt: skip
+    await _beat(url, ns, job, beat)
+
+
+async def _say_dropped(url: str, ns: str, job: str, pod: str) -> None:
+    """The heartbeat of a workflow runner that dropped episodes."""
+    beat = Heartbeat(
+        pod=pod, role="workflow", state="serving", at=time.time(),
+        dropped_episodes={"solver": {"tool": 3, "turns": 1}, "-": {"prompt": 2}},
+    )  # fmt: skip
+    await _beat(url, ns, job, beat)
 
 
 def test_episodes_the_runners_dropped_show_in_the_jobs_status_by_policy_and_reason(
@@ -206,20 +196,13 @@ def test_episodes_the_runners_dropped_show_in_the_jobs_status_by_policy_and_reas
 
 
 async def _say_trained(url: str, ns: str, job: str, pod: str) -> None:
-    """Put the heartbeat of a trainer whose last step's samples were off-policy."""
-    nc = await nats.connect(url)
-    try:
-        kv = await nc.jetstream().key_value(JobNames(namespace=ns, job=job).heartbeats_bucket)
-        beat = Heartbeat(
-            pod=pod, role="trainer", policy="solver", state="serving", at=time.time(), step=3,
-            staleness_p50=1.0, staleness_p95=2.0, is_deviation=0.0412, clip_fraction=0.0234,
-            is_m2=0.01,
-        )  # fmt: skip
-        await kv.put(
-            JobNames.heartbeat_key("solver", "trainer", pod), beat.model_dump_json().encode()
-        )
-    finally:
-        await nc.close()
+    """The heartbeat of a trainer whose last step's samples were off-policy."""
+    beat = Heartbeat(
+        pod=pod, role="trainer", policy="solver", state="serving", at=time.time(), step=3,
+        staleness_p50=1.0, staleness_p95=2.0, is_deviation=0.0412, clip_fraction=0.0234,
+        is_m2=0.01,
+    )  # fmt: skip
+    await _beat(url, ns, job, beat)
 
 
 def test_a_trainers_importance_weight_figures_show_in_its_groups_and_jobs_status(
