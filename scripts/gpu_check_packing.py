@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("operator", "workers")]
 
-from polyrl.workers.models import tinybpe  # noqa: E402
+from polyrl.workers.models import shapes, tinybpe  # noqa: E402
 from polyrl.workers.trainer import batching, packing  # noqa: E402
 
 Logprobs = Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -132,16 +132,6 @@ def equality(device: str, scratch: Path) -> tuple[dict[str, Any], list[str]]:
     return figures, failures
 
 
-def smollm2_shape(layers: int) -> LlamaConfig:
-    """SmolLM2-135M-Instruct's configuration (scripts/gpu_check_smollm2.py builds the same)."""
-    return LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-        tie_word_embeddings=True, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-    )  # fmt: skip
-
-
 def timed(
     model: Any, plan: packing.Plan, samples: list[batching.Sample], packed: bool, steps: int
 ) -> tuple[float, float | None]:
@@ -180,7 +170,7 @@ def speed(device: str, args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
     torch.manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
-        model: Any = LlamaForCausalLM(smollm2_shape(args.layers))  # type: ignore[no-untyped-call]
+        model: Any = LlamaForCausalLM(shapes.smollm2_135m(args.layers))  # type: ignore[no-untyped-call]
         torch.nn.Module.to(model, device=device, dtype=dtype)
         name = str(dtype).removeprefix("torch.")
         if dtype == torch.float32:  # the bound the learning target checks on the real weights

@@ -30,31 +30,17 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedModel
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("operator", "workers")]
 
+from polyrl.workers.models import shapes  # noqa: E402
 from polyrl.workers.rollout.engines.base import SamplingParams  # noqa: E402
 from polyrl.workers.rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from polyrl.workers.trainer.batching import token_logprobs  # noqa: E402
 from polyrl.workers.trainer.objectives.ppo import decoupled_ppo_loss  # noqa: E402
 
-VOCAB = 49152
-
-
-def smollm2_config(layers: int) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    )
+VOCAB = shapes.SMOLLM2_VOCAB
 
 
 def build(args: argparse.Namespace, dtype: torch.dtype) -> PreTrainedModel:
@@ -62,7 +48,7 @@ def build(args: argparse.Namespace, dtype: torch.dtype) -> PreTrainedModel:
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
         return model
     torch.manual_seed(0)
-    built = LlamaForCausalLM(smollm2_config(args.layers))  # type: ignore[no-untyped-call]
+    built = LlamaForCausalLM(shapes.smollm2_135m(args.layers))  # type: ignore[no-untyped-call]
     torch.nn.Module.to(built, dtype=dtype)  # nn.Module's own `to`: transformers' confuses mypy
     return built
 

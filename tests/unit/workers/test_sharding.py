@@ -1,0 +1,75 @@
+"""FSDP2 sharding (`trainer.sharding`): which modules become units, the precision policy by
+device, and a sharded model that takes the plain model's steps in a world of one rank (gloo).
+Several ranks against the data-parallel trainer are the integration tests' job."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from transformers import LlamaForCausalLM
+
+from polyrl.workers.models.loading import tiny_llama_config
+from polyrl.workers.trainer import sharding
+
+
+@pytest.fixture
+def mesh() -> Iterator[DeviceMesh]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+        assert "RANK" not in os.environ  # the test set no torchrun variables
+
+
+def model(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(tiny_llama_config(64, layers=3))  # type: ignore[no-untyped-call]
+
+
+def test_the_units_are_the_decoder_layers_and_a_model_without_them_is_refused() -> None:
+    layers = sharding.decoder_layers(model())
+    assert [type(m).__name__ for m in layers] == ["LlamaDecoderLayer"] * 3
+    with pytest.raises(ValueError, match="names no decoder-layer class"):
+        sharding.decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_accelerators_compute_in_bfloat16_and_reduce_in_float32_while_cpus_stay_float32() -> None:
+    cuda = sharding.mixed_precision("cuda")
+    assert (cuda.param_dtype, cuda.reduce_dtype) == (torch.bfloat16, torch.float32)
+    cpu = sharding.mixed_precision("cpu")
+    assert (cpu.param_dtype, cpu.reduce_dtype) == (None, None)
+
+
+@pytest.mark.slow  # a process group and three optimizer steps of two models: a few seconds
+def test_a_sharded_model_takes_the_plain_models_steps(mesh: DeviceMesh) -> None:
+    plain = model()
+    sharded = sharding.shard(copy.deepcopy(plain), mesh, precision=sharding.mixed_precision("cpu"))
+    assert all(isinstance(p, DTensor) for p in sharded.parameters())
+    ids = torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(1))
+    for net in (plain, sharded):
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        for _ in range(3):
+            optimizer.zero_grad()
+            net(input_ids=ids, labels=ids).loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+            optimizer.step()
+    whole = sharding.full_state(sharded)
+    moved = max((t - model().state_dict()[n]).abs().max().item() for n, t in whole.items())
+    assert moved > 1e-3  # the steps changed the weights
+    for name, tensor in plain.state_dict().items():
+        assert torch.allclose(tensor, whole[name], atol=1e-6), name
+    params = list(sharded.parameters())
+    assert sharding.local_bytes(params) == sum(p.numel() * 4 for p in plain.parameters())
