@@ -144,7 +144,7 @@ def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
         for objective, curves in sorted(by_objective.items()):
             steps = sorted(set.intersection(*(set(c) for c in curves)))
             ax.plot(steps, [statistics.fmean(c[s] for c in curves) for s in steps],
-                    marker="o", label=f"{objective} ({len(curves)} seeds)")  # fmt: skip
+                    marker="o", label=f"{objective} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")  # fmt: skip
         ax.set_title(f"{policy}: held-out figure")
         ax.set_xlabel("RL step")
         ax.legend()
