@@ -124,7 +124,7 @@ test-learning: install ## the quick start's learning claims: two 10-minute runs 
 .PHONY: test-learning-smollm2
 test-learning-smollm2: install smollm2 ## SmolLM2 learns sums (two seeds, a shuffled control) and trains beside a SmolLM2 verifier, about 50 minutes (not in `make test`)
 	@$(VENV)/bin/pytest -s -m learning_smollm2 tests/e2e/test_smollm2_learns.py \
-	  tests/e2e/test_shared_pool_operator.py
+	  tests/e2e/test_shared_pool_operator.py tests/e2e/test_smollm2_packing.py
 
 .PHONY: quickstart
 quickstart: install ## install, then run examples/quickstart.yaml on this machine
