@@ -16,11 +16,10 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`: 0 (the default) runs the suite in one process; with
-# 2, the end-to-end tests run one after another on one worker and everything else is shared
-# out (tests/conftest.py): 5 minutes shorter on 2 cores, but two timing-sensitive operator
-# tests (drain victims, the trainer restart limit) still fail under that load.
-TEST_WORKERS ?= 0
+# pytest-xdist workers for `make test`: with 2 (the default), the end-to-end tests run one
+# after another on one worker and everything else is shared out on the other
+# (tests/conftest.py): about 22 minutes of pytest on 2 cores where one process (0) takes 35.
+TEST_WORKERS ?= 2
 # `make cluster-up`: how many nodes, what the agent does in unlabelled namespaces (status:
 # mark pods Running; exec: run them), and which namespaces it creates labelled for exec.
 NODES ?= 1

@@ -17,7 +17,8 @@ SmolLM2 policies together (about 17 minutes), its third the same two as LoRA ada
 one shared rollout pool (`examples/smollm2-solver-verifier-lora.yaml`), its fourth a frozen
 SmolLM2 judging a SmolLM2 solver (`examples/smollm2-judge.yaml`), then the multi-turn examples
 with SmolLM2: the calculator tool (`examples/smollm2-calculator.yaml`) and a verifier's
-critique as the solver's next turn (`examples/smollm2-critique.yaml`). All:
+critique as the solver's next turn (`examples/smollm2-critique.yaml`), and SmolLM2 trained
+sharded over two ranks (`examples/smollm2-sharded.yaml`). All:
 `make test-learning-smollm2`, never part of `make test`.
 """
 
@@ -48,6 +49,7 @@ TWO_ADAPTERS = EXAMPLE.with_name("smollm2-solver-verifier-lora.yaml")
 JUDGED = EXAMPLE.with_name("smollm2-judge.yaml")
 CALCULATOR = EXAMPLE.with_name("smollm2-calculator.yaml")
 CRITIQUE = EXAMPLE.with_name("smollm2-critique.yaml")
+SHARDED = EXAMPLE.with_name("smollm2-sharded.yaml")
 GAIN = 0.15
 CONTROL_GAIN = 0.03
 RUN_SECONDS = 30 * 60  # one run's ceiling: three times a quiet machine's, for loaded ones
@@ -293,3 +295,28 @@ def test_a_smollm2_solver_answers_again_after_a_smollm2_verifiers_critique(
     assert [len(s) for s in steps.values()] == [3, 3]
     assert all(r["shown_fraction"] > 0.3 for r in steps["solver"])
     assert all(r["shown_fraction"] == 0 for r in steps["verifier"])
+
+
+@pytest.mark.timeout(RUN_SECONDS + 600)
+def test_smollm2_trains_sharded_over_two_ranks_holding_half_each_and_publishing_parts(
+    tmp_path: Path,
+) -> None:
+    """`examples/smollm2-sharded.yaml`: two ranks of one trainer shard SmolLM2 (fsdp2) for 3
+    steps. Each rank holds half of what one data-parallel rank would (parameters, gradients
+    and AdamW state: 16 bytes a parameter), and every version goes out in two parts. Prints
+    each rank's held and resident memory and the held-out figures."""
+    records, seconds = run(tmp_path / "sharded", SHARDED)
+    steps = [r for r in records if r.get("policy") == "solver" and "loss" in r]
+    first = next(r for r in steps if r["step"] == 1)
+    held = [first[f"held_mib_rank{r}"] for r in range(2)]
+    resident = [first[f"rss_gb_rank{r}"] for r in range(2)]
+    held_out = {r["step"]: r["held_out"] for r in records if "held_out" in r}
+    print(f"{seconds:.0f} s; held MiB per rank {held}, resident GiB {resident}; {held_out}")
+    logs = tmp_path / "sharded" / "runs" / "smollm2-sharded" / "logs"
+    trainer = "".join(log.read_text() for log in logs.glob("*trainer*.log"))
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    whole = 16 * 134_515_008 / 2**20  # SmolLM2-135M's parameters, 16 bytes each
+    for mib in held:
+        assert mib == pytest.approx(whole / 2, rel=0.05), held
+    assert "published in 2 parts: keyframe" in trainer
+    assert "published in 2 parts: delta" in trainer

@@ -26,6 +26,9 @@ JUDGE = "test_the_judge_example_scores_a_trained_solver_with_a_frozen_judges_ver
 SMOLLM2_JUDGE = "test_a_frozen_smollm2_judge_scores_a_smollm2_solver_with_its_agreement_reported"
 SMOLLM2_CALCULATOR = "test_smollm2_calls_the_calculator_tool_after_its_warm_up_and_trains_on_it"
 SMOLLM2_CRITIQUE = "test_a_smollm2_solver_answers_again_after_a_smollm2_verifiers_critique"
+SMOLLM2_SHARDED = (
+    "test_smollm2_trains_sharded_over_two_ranks_holding_half_each_and_publishing_parts"
+)
 VLLM_CPU = "test_polyrl_run_serves_a_job_with_vllm_rollouts_in_their_own_environment"
 SMOLLM2 = "test_smollm2_learns_sums_from_rewards_for_two_seeds_and_not_from_shuffled_ones"
 SMOLLM2_SV = (
@@ -63,6 +66,7 @@ BY_COMMAND = {
         SMOLLM2_CALCULATOR
     ),
     "polyrl run examples/smollm2-critique.yaml --run-dir runs/smollm2-critique": SMOLLM2_CRITIQUE,
+    "polyrl run examples/smollm2-sharded.yaml --run-dir runs/smollm2-sharded": SMOLLM2_SHARDED,
     "python examples/math_dataset.py --out data/math": MATH_DATASET,
     "polyrl run examples/math-dataset.yaml --run-dir runs/math": MATH_DATASET,
     "polyrl run examples/vllm-cpu.yaml --run-dir runs/vllm-cpu": VLLM_CPU,  # make test-vllm

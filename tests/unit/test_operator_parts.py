@@ -68,6 +68,25 @@ def test_the_first_trainer_pod_mounts_its_claim_and_every_pod_reports_its_end() 
         assert rendered["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
+@pytest.mark.parametrize(
+    ("strategy", "mounted", "access"),
+    [("ddp", [0], "ReadWriteOnce"), ("fsdp2", [0, 1], "ReadWriteMany")],
+)
+def test_every_pod_of_a_sharded_trainer_mounts_a_claim_they_share(
+    strategy: str, mounted: list[int], access: str
+) -> None:
+    """ddp: rank 0 alone saves and resumes; fsdp2: each rank writes and reads its shards."""
+    doc = copy.deepcopy(JOB)
+    doc["spec"]["policies"][0]["trainer"] |= {"replicas": 2, "strategy": strategy}
+    job = RLJob.model_validate(doc)
+    trainers = [
+        x for x in plan.plan(job, nats_url="nats://n:4222").launches if x.role == Role.TRAINER
+    ]
+    assert [t.replica for t in trainers if t.checkpoint_claim] == mounted
+    claim = render.checkpoint_claim(job, job.spec.policies[0], owner=None)
+    assert claim["spec"]["accessModes"] == [access]
+
+
 def pod_body(exit_code: int, message: str) -> dict[str, Any]:
     return {
         "metadata": {

@@ -46,7 +46,12 @@ def is_full(err: BaseException) -> bool:
 
 
 def weights_bucket_messages(
-    model_bytes: int, chunk_bytes: int, keyframe_every: int, keep_keyframes: int = 2
+    model_bytes: int,
+    chunk_bytes: int,
+    keyframe_every: int,
+    keep_keyframes: int = 2,
+    *,
+    parts: int = 1,
 ) -> int:
     """The message limit of a policy's weights bucket, derived from the model and the
     retention the trainer runs (`polyrl.workers.retention`).
@@ -58,8 +63,9 @@ def weights_bucket_messages(
     is larger than the model (a delta falls back to the whole tensors) plus its header, and
     each has one more message for its metadata. Twice that leaves room for the short delta
     chains live replicas still need. At the limit the trainer stops with `WeightsBucketFull`.
+    An object in `parts` (a sharded trainer's) has a last chunk and a metadata message per part.
     """
-    per_object = -(-model_bytes // chunk_bytes) + 2
+    per_object = -(-model_bytes // chunk_bytes) + 2 * parts
     objects = keep_keyframes + 1 + keep_keyframes * keyframe_every + 1
     return 2 * objects * per_object + BUNDLE_MESSAGES
 

@@ -36,6 +36,7 @@ from polyrl.api.resources import (
     PolicySpec,
     RLJob,
     RLJobSpec,
+    Strategy,
     TrainerSpec,
     pvc_parts,
     volume_parts,
@@ -277,7 +278,8 @@ def _trainer(
         f"{naming.trainer_service(name)}:{RDZV_PORT}",
     }
     claim = None
-    if replica == 0:  # rank 0 alone saves and resumes
+    # ddp: rank 0 alone saves and resumes; fsdp2: every rank writes and reads its shards.
+    if replica == 0 or trainer.strategy == Strategy.FSDP2:
         claim = checkpoint_claim(job, policy)
         env[TRAINER_DIR_ENV] = checkpoint_root(job)
     return WorkerLaunch(

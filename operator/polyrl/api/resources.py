@@ -35,6 +35,7 @@ from polyrl.api.trainer import EvalOn as EvalOn
 from polyrl.api.trainer import Optimizer as Optimizer
 from polyrl.api.trainer import Source as Source
 from polyrl.api.trainer import SourceSpec as SourceSpec
+from polyrl.api.trainer import Strategy as Strategy
 from polyrl.api.trainer import TrainerSpec as TrainerSpec
 from polyrl.api.trainer import UniformGroups as UniformGroups
 from polyrl.api.trainer import WhenDeleted as WhenDeleted

@@ -37,6 +37,18 @@ class Optimizer(ApiModel):
     )
 
 
+class Strategy(enum.StrEnum):
+    """How a policy's trainer ranks share the model."""
+
+    DDP = "ddp"  # every rank holds the whole model; gradients averaged
+    FSDP2 = "fsdp2"  # each decoder layer and the root sharded over the ranks
+
+
+_FSDP2_LORA = "trainer.strategy fsdp2 does not support trainer.lora (adapters are small: train them data-parallel with strategy ddp)"
+_ASYNC_WRITES = "trainer.checkpoint.asyncWrites needs trainer.strategy fsdp2 (a ddp checkpoint is rank 0's whole model, written synchronously)"
+_FSDP2_EVAL = "trainer.strategy fsdp2 needs trainer.evalOn: rollout when trainer.evalEvery > 0 (rank 0 alone cannot decode on sharded weights; the policy's rollout pool evaluates instead)"
+
+
 class Source(enum.StrEnum):
     """Where a policy's warm-up examples, or its evaluation, come from."""
 
@@ -86,6 +98,10 @@ class CheckpointSpec(ApiModel):
         WhenDeleted.RETAIN,
         description="Retain keeps an operator-made claim (and the trained model) when the RLJob is deleted; Delete removes it with the job.",
     )
+    async_writes: bool = Field(
+        False,
+        description="With strategy fsdp2: each rank copies its shards (weights, AdamW state, KL anchor) to host memory and writes them in the background while training goes on (torch.distributed.checkpoint's async_save); the checkpoint is swapped into place once every rank's files are written, so a partial one is never resumed, and the next save or the trainer's end waits for it. Costs a host copy of the rank's training state, kept between saves; worth it where a save takes long beside a step (large models on accelerators). Off: the step waits for the save. Not with strategy ddp (rank 0 writes the whole model synchronously).",
+    )
 
 
 _EVAL_SAMPLES_MESSAGE = "evalSamples needs evalOn: rollout (the trainer evaluates greedily)"
@@ -100,13 +116,30 @@ class TrainerSpec(ApiModel):
                 {
                     "rule": "self.evalSamples == 0 || self.evalOn == 'rollout'",
                     "message": _EVAL_SAMPLES_MESSAGE,
-                }
+                },
+                {"rule": "self.strategy != 'fsdp2' || !has(self.lora)", "message": _FSDP2_LORA},
+                {
+                    "rule": "self.strategy != 'fsdp2' || self.evalEvery == 0 || self.evalOn == 'rollout'",
+                    "message": _FSDP2_EVAL,
+                },
+                {
+                    "rule": "self.strategy == 'fsdp2' || !has(self.checkpoint) || !has(self.checkpoint.asyncWrites) || !self.checkpoint.asyncWrites",
+                    "message": _ASYNC_WRITES,
+                },
             ]
         }
     }
 
     replicas: int = Field(1, ge=1, le=64, description="torchrun nodes (pods).")
     nproc_per_node: int = Field(1, ge=1, le=16, description="Ranks per trainer pod.")
+    strategy: Strategy = Field(
+        Strategy.DDP,
+        description="How the ranks (replicas x nprocPerNode) share the model. ddp (the default): every rank holds the whole model, its gradients and its AdamW state (about 16 bytes a parameter) and gradients are averaged; simplest and fastest while that fits one rank. fsdp2: each decoder layer and the root are sharded over the ranks (torch's fully_shard), so each holds about 1/N of the weights, gradients and optimizer state and gathers one layer at a time; for models whose training state does not fit one rank. Same steps, same weights as ddp (to rounding). Not with trainer.lora; needs evalOn: rollout when evalEvery > 0.",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers' gradient checkpointing): less memory for long sequences, about a third more compute. Either strategy.",
+    )
     batch_size: int = Field(64, ge=1, description="Samples per optimizer step, over all ranks.")
     micro_batch_size: int = Field(
         8,
@@ -236,4 +269,14 @@ class TrainerSpec(ApiModel):
     def _eval_samples(self) -> TrainerSpec:
         if self.eval_samples and self.eval_on != EvalOn.ROLLOUT:
             raise ValueError(_EVAL_SAMPLES_MESSAGE)
+        return self
+
+    @model_validator(mode="after")
+    def _sharded(self) -> TrainerSpec:
+        if self.strategy == Strategy.FSDP2 and self.lora is not None:
+            raise ValueError(_FSDP2_LORA)
+        if self.strategy == Strategy.FSDP2 and self.eval_every and self.eval_on != EvalOn.ROLLOUT:
+            raise ValueError(_FSDP2_EVAL)
+        if self.strategy != Strategy.FSDP2 and self.checkpoint.async_writes:
+            raise ValueError(_ASYNC_WRITES)
         return self

@@ -6,7 +6,7 @@ and sync over NATS), `engine` (the torch engine's generation throughput), `pipel
 (async against sync on the local runner), `dataplane` (requests, responses and
 trajectories driven hard, with a null engine and a null trainer), `tls` (NATS over TLS
 against an open server), `lora` (LoRA against full fine-tuning) and `trainer` (padded
-against packed micro-batches). Figures compare against a
+against packed micro-batches) and `sharding` (what each trainer rank holds under ddp and fsdp2, sharded checkpoints). Figures compare against a
 baseline measured in the same run (ratios), and docs/benchmarks.md records them. Nothing outside this package
 imports it; benchmarks may use test support (`polyrl.testing`) to start a control plane.
 """
@@ -20,4 +20,5 @@ BENCHMARKS = {
     "tls": "polyrl.bench.tls",
     "lora": "polyrl.bench.lora",
     "trainer": "polyrl.bench.trainer",
+    "sharding": "polyrl.bench.sharding",
 }

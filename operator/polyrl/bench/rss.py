@@ -15,6 +15,14 @@ def peak_gb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
 
+def current_gb() -> float:
+    """This process's resident memory now (Linux's VmRSS); 0.0 where it cannot be read."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 2**20, 3)  # kB
+    return 0.0
+
+
 def reset_peak() -> None:
     """Start the peak over from what is resident now (`clear_refs` 5), so that a step's peak
     is not the model load's."""

@@ -30,7 +30,7 @@ from polyrl.api.launch import (
     Role,
     WorkerLaunch,
 )
-from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob
+from polyrl.api.resources import PolicyGroup, PolicySpec, RLJob, Strategy
 
 RUN_AS = 65532
 NATS_VOLUME = "nats-credentials"
@@ -267,13 +267,20 @@ def checkpoint_claim(
         "kind": "PersistentVolumeClaim",
         "metadata": meta,
         "spec": {
-            "accessModes": ["ReadWriteOnce"],
+            "accessModes": [_checkpoint_access(policy)],
             "resources": {"requests": {"storage": str(spec.size)}},
         },
     }
     if spec.storage_class_name:
         body["spec"]["storageClassName"] = spec.storage_class_name
     return body
+
+
+def _checkpoint_access(policy: PolicySpec) -> str:
+    """Several trainer pods of a sharded policy each write their shards to the claim."""
+    trainer = policy.trainer
+    shared = trainer.strategy == Strategy.FSDP2 and trainer.replicas > 1
+    return "ReadWriteMany" if shared else "ReadWriteOnce"
 
 
 def trainer_service(group: PolicyGroup, *, owner: dict[str, Any]) -> dict[str, Any]:

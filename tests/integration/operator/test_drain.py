@@ -121,6 +121,22 @@ class Load:
         ]
 
 
+POOL = {f"drain-solver-rollout-{i}" for i in range(3)}
+
+
+def drained_two(load: Load, kubectl: Kubectl, ns: str) -> str:
+    """Two of the three pods drained and the third left serving; its name.
+
+    Which two is the operator's documented order (`scaling.victims`, unit-tested): the
+    newest, unless a pod's Ready condition lapsed when the scale-down came (a probe that
+    timed out on a loaded machine), which sends it first. Either way none may be lost."""
+    assert set(load.drained) < POOL
+    assert len(load.drained) == 2
+    [survivor] = POOL - set(load.drained)
+    assert [p["metadata"]["name"] for p in live(pods(kubectl, ns, ROLLOUTS))] == [survivor]
+    return survivor
+
+
 def fake_request(i: int, inbox: str) -> bytes:
     return json.dumps({"id": f"r{i}", "reply_to": inbox, "work_seconds": 0.25}).encode()
 
@@ -269,12 +285,11 @@ def test_scale_down_with_requests_in_flight_loses_nothing_and_drains_before_dele
     load, deleted = scale_down_under_load(kubectl, exec_ns, nats_server.url, kube_api, fake_request)
     ids = [r["id"] for r in load.replies]
     assert sorted(ids) == sorted(f"r{i}" for i in range(REQUESTS))  # each exactly once
-    assert set(load.drained) == {"drain-solver-rollout-1", "drain-solver-rollout-2"}
+    survivor = drained_two(load, kubectl, exec_ns)
     for pod, at in load.drained.items():
         assert at < deleted[pod], f"{pod} was deleted before it said Drained"
     served_by = {r["pod"] for r in load.replies}
-    assert "drain-solver-rollout-0" in served_by
-    assert len(live(pods(kubectl, exec_ns, ROLLOUTS))) == 1
+    assert survivor in served_by
 
 
 async def publish_model(url: str, names: JobNames, workdir: Path) -> None:
@@ -351,12 +366,10 @@ def test_real_rollout_workers_scaled_down_under_load_answer_every_request_once_a
             assert reply.error is None
             assert len(reply.completions) == N_COMPLETIONS
             assert reply.weight_version == 0
-        drained = {"drain-solver-rollout-1", "drain-solver-rollout-2"}
-        assert set(load.drained) == drained
-        assert {r["pod"] for r in load.replies} == {"drain-solver-rollout-0", *drained}
-        assert set(load.acks) == drained
+        drained_two(load, kubectl, ns)
+        assert {r["pod"] for r in load.replies} == POOL
+        assert set(load.acks) == set(load.drained)
         assert any(ack.in_flight > 0 for ack in load.acks.values())  # asked mid-batch
         for pod, at in load.drained.items():
             assert at < deleted[pod], f"{pod} was deleted before it said Drained"
             assert load.replied_after_drained(pod) == [], f"{pod} said Drained too early"
-        assert len(live(pods(kubectl, ns, ROLLOUTS))) == 1

@@ -398,7 +398,13 @@ def test_a_frozen_policys_group_runs_a_publisher_not_a_trainer_and_says_frozen(
     assert pg["status"]["frozen"] is True
     assert pg["status"]["progress"] == "frozen"
     fail_pod(kubectl, ns, "fz-judge-publisher")  # replaced after the backoff, counted
-    wait_condition(kubectl, ns, "pg", "fz-judge", "TrainerHealthy", "Restarting")
+    # Restarting lasts only the one-second backoff: wait for what stays, its event and count.
+    wait_until(
+        "a PublisherRestarted event",
+        lambda: "PublisherRestarted" in reasons(kubectl, ns, "fz-judge"),
+        timeout=60,
+    )
+    assert get(kubectl, ns, "pg", "fz-judge")["status"]["trainerRestarts"] == 1
     wait_until(
         "a new publisher pod",
         lambda: [p["status"].get("phase") for p in live(pods(kubectl, ns, group))

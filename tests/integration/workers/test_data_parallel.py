@@ -17,6 +17,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -28,7 +29,7 @@ from polyrl.api import natsconfig
 from polyrl.api.launch import CONFIG_ENV, Role, WorkerConfig
 from polyrl.api.lora import LoraSpec
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import RLJobSpec
+from polyrl.api.resources import EvalOn, RLJobSpec, Strategy
 from polyrl.local import processes
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async
@@ -210,11 +211,52 @@ def test_ranks_compare_their_weights_when_training_ends(
         assert apart.startswith("diverged: ranks ended apart"), apart
 
 
+def sharded(spec: RLJobSpec) -> RLJobSpec:
+    """fsdp2, with every phase rank 0 once ran alone: a warm-up, evaluations (through the
+    pool), packed micro-batches in two mini-batches, and a KL anchor; checkpoints written in
+    the background."""
+    trainer = spec.policies[0].trainer
+    trainer.strategy = Strategy.FSDP2
+    trainer.checkpoint.async_writes = True
+    trainer.warmup_steps, trainer.eval_every, trainer.eval_on = 2, 2, EvalOn.ROLLOUT
+    trainer.micro_batch_tokens, trainer.mini_batches = BUDGET, 2
+    spec.algorithm.kl_coef = 0.05
+    return spec
+
+
+def said_as_its_strategy_says(strategy: Strategy, log: str, lines: list[dict[str, Any]]) -> None:
+    """The trainer's log and records: what each strategy publishes and each rank holds."""
+    if strategy == Strategy.FSDP2:  # warmed up, evaluated at steps 0 and 2 through the pool
+        assert "fsdp2: sharded over 2 ranks" in log
+        # Warmed up on the shards, both ranks in step: after sharding, not before it.
+        assert log.index("fsdp2: sharded over 2 ranks") < log.index("supervised warm-up:")
+        assert "sharded checkpoint at step 3 written in the background" in log
+        # Published from the shards: every version in two parts, put together by the rollout.
+        assert "version 0 published in 2 parts: keyframe" in log
+        assert "published in 2 parts: delta" in log
+        assert [x["step"] for x in lines] == [0, 1, 2, 3]
+        assert lines[0]["warmup_steps"] == 2
+        assert [x["step"] for x in lines if "held_out" in x] == [0, 2]
+    else:
+        assert [x["step"] for x in lines] == [1, 2, 3]  # rank 0 alone reports
+        assert "version 0 published: keyframe" in log
+    first = next(x for x in lines if x["step"] == 1)  # what each rank holds, once
+    held = [first["held_mib_rank0"], first["held_mib_rank1"]]
+    assert min(held) > 0
+    assert held[0] == pytest.approx(held[1], rel=0.1)  # whole on each, or a half each
+    assert first["rss_gb_rank0"] > 0
+    assert first["rss_gb_rank1"] > 0
+    assert "rank 1 holds" in log
+
+
+@pytest.mark.parametrize("strategy", [Strategy.DDP, Strategy.FSDP2])
 async def test_a_torchrun_trainer_with_two_ranks_trains_and_its_rollouts_follow(
-    nats_server: NatsServer, tmp_path: Path
+    nats_server: NatsServer, tmp_path: Path, strategy: Strategy
 ) -> None:
     names = JobNames(namespace="t", job=f"dp{uuid.uuid4().hex[:6]}")
     spec = job_spec(steps=3)
+    if strategy == Strategy.FSDP2:
+        spec = sharded(spec)
     nc = await nats.connect(nats_server.url)
     await natsconfig.ensure(nc.jetstream(), names, ["solver"])
 
@@ -276,7 +318,8 @@ async def test_a_torchrun_trainer_with_two_ranks_trains_and_its_rollouts_follow(
     assert proc.popen is not None
     assert proc.popen.returncode == 0, log[-3000:]
     lines = [json.loads(x) for x in metrics.read_text().splitlines()]
-    assert [x["step"] for x in lines] == [1, 2, 3]  # rank 0 alone reports
+    assert "2 ranks agree: step 3" in log
+    said_as_its_strategy_says(strategy, log, lines)
     assert rollout.engine.version >= 1
     ckpt = tmp_path / "trainers/t" / names.job / "solver/checkpoint" / checkpoint.STATE
     assert json.loads(ckpt.read_text())["step"] == 3

@@ -185,3 +185,55 @@ def test_retention_of_a_steady_bucket_keeps_two_keyframes_and_what_replicas_use(
     assert keyframe_name(10) in doomed
     assert delta_name(3, 4) in doomed
     assert {delta_name(v - 1, v) for v in range(16, 24)} <= remaining  # chain from 15 and 17
+
+
+def in_parts(objects: Mapping[str, int], count: int) -> dict[str, int]:
+    """The bucket of a trainer sharded over `count` ranks: each object in `count` parts."""
+    return {
+        chain.part_name(name, i, count): size // count
+        for name, size in objects.items()
+        for i in range(count)
+    }
+
+
+def test_parts_are_named_after_their_object_and_a_single_part_is_the_object_itself() -> None:
+    name = delta_name(11, 12)
+    assert chain.part_names(name, 2) == [f"{name}.part000of002", f"{name}.part001of002"]
+    assert chain.part_names(name, 1) == [name]
+    assert chain.parse(chain.part_name(name, 0, 2)) is None  # a part is never planned alone
+    with pytest.raises(ValueError, match="part 2 of 2"):
+        chain.part_name(name, 2, 2)
+
+
+def test_objects_in_parts_are_planned_as_one_once_every_part_is_there() -> None:
+    listing = in_parts(published(12, 5), 3)
+    folded = chain.fold(listing)
+    assert folded[keyframe_name(10)].parts == tuple(chain.part_names(keyframe_name(10), 3))
+    assert folded[keyframe_name(10)].size == 3 * (KEY // 3)
+    assert plan_sync(None, 12, chain.sizes(folded)) == [
+        keyframe_name(10),
+        delta_name(10, 11),
+        delta_name(11, 12),
+    ]
+    del listing[chain.part_name(delta_name(11, 12), 1, 3)]  # a trainer stopped mid-write
+    assert delta_name(11, 12) not in chain.fold(listing)
+    with pytest.raises(NoPath):
+        plan_sync(11, 12, chain.sizes(chain.fold(listing)))
+
+
+def test_retention_deletes_an_objects_parts_together_and_an_incomplete_sets_when_passed() -> None:
+    listing = in_parts(published(22, 5), 2)
+    whole = to_delete(published(22, 5), live_versions={21})
+    doomed = to_delete(listing, live_versions={21})
+    assert doomed == {part for name in whole for part in chain.part_names(name, 2)}
+    # Parts of a version whose other parts never came: kept while it is the latest (its
+    # writer may still be at it), deleted once a later version is complete.
+    torn = chain.part_name(delta_name(22, 23), 0, 2)
+    assert torn not in to_delete(listing | {torn: 5}, live_versions={21})
+    later = listing | {torn: 5, keyframe_name(24): KEY}
+    assert torn in to_delete(later, live_versions={21})
+    # A restart on another number of ranks writes other parts of the same names.
+    other = in_parts({keyframe_name(25): KEY}, 1) | in_parts({keyframe_name(25): KEY}, 3)
+    assert chain.fold(other)[keyframe_name(25)].parts == tuple(
+        chain.part_names(keyframe_name(25), 3)
+    )

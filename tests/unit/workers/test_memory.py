@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from polyrl.api.resources import PolicySpec
+from polyrl.api.resources import PolicySpec, Strategy
 from polyrl.workers import preflight
 from polyrl.workers.models import memory
 
@@ -49,3 +49,28 @@ def test_a_trainer_declaring_less_memory_than_its_model_needs_is_warned_before_s
 
 def test_sixteen_bytes_a_parameter() -> None:
     assert memory.trainer_bytes(7_000_000_000) == 112_000_000_000
+
+
+def test_sharded_the_estimate_is_a_share_of_sixteen_bytes_plus_the_largest_layer() -> None:
+    whole = memory.trainer_bytes(7_000_000_000)
+    layer = 200_000_000
+    assert memory.trainer_bytes(7_000_000_000, ranks=8, largest_layer=layer) == (
+        whole // 8 + 8 * layer
+    )
+
+
+def test_the_warning_accounts_for_the_strategy_and_the_ranks_of_a_pod(tiny_bpe: TinyBpe) -> None:
+    spec = policy(tiny_bpe("qwen2"), "1Mi")
+    n = 100_000_000
+    ddp = memory.shortfall(spec, n)
+    assert ddp is not None
+    assert "each trainer rank needs" in ddp
+    assert "sharded" not in ddp
+    spec.trainer.strategy = Strategy.FSDP2
+    spec.trainer.nproc_per_node = 4
+    sharded = memory.shortfall(spec, n, largest_layer=1000)
+    assert sharded is not None
+    assert "4 ranks need about 1.5 GiB" in sharded  # 4 x (1.6 GB / 4 + 8 kB), not 4 x 1.6 GB
+    assert "sharded over 4 ranks" in sharded
+    spec.trainer.resources = None
+    assert memory.shortfall(spec, n) is None  # nothing declared

@@ -73,3 +73,40 @@ def test_a_sharded_model_takes_the_plain_models_steps(mesh: DeviceMesh) -> None:
         assert torch.allclose(tensor, whole[name], atol=1e-6), name
     params = list(sharded.parameters())
     assert sharding.local_bytes(params) == sum(p.numel() * 4 for p in plain.parameters())
+
+
+def adam_steps(net: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    ids = torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(2))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        net(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+
+
+@pytest.mark.slow  # a process group and a few optimizer steps of two models: a few seconds
+def test_an_optimizer_moved_onto_the_shards_keeps_its_state(
+    mesh: DeviceMesh,
+) -> None:
+    """What a trainer resumed from a data-parallel checkpoint does when it shards: the plain
+    optimizer's moments go with the weights, so the next steps are the unsharded trainer's."""
+    plain = model()
+    before = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    adam_steps(plain, before, 2)
+    twin = copy.deepcopy(plain)
+    twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    twin_optimizer.load_state_dict(before.state_dict())
+    sharding.shard(twin, mesh, precision=sharding.mixed_precision("cpu"))
+    moved = sharding.reshard_optimizer(
+        twin_optimizer, twin.parameters(), lambda ps: torch.optim.AdamW(ps, lr=1e-2)
+    )
+    assert all(isinstance(s["exp_avg"], DTensor) for s in moved.state.values())
+    adam_steps(plain, before, 2)
+    adam_steps(twin, moved, 2)
+    whole = sharding.full_state(twin)
+    for name, tensor in plain.state_dict().items():
+        assert torch.allclose(tensor, whole[name], atol=1e-6), name
+    expected = before.state_dict()["state"]
+    for index, param in enumerate(twin.parameters()):  # the moments, gathered whole
+        for key in ("exp_avg", "exp_avg_sq"):
+            whole_moment = moved.state[param][key].full_tensor()
+            assert torch.allclose(whole_moment, expected[index][key], atol=1e-6), (index, key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from pydantic import ValidationError
 from tests.unit.workers.trainer_batches import two_groups
 
@@ -86,3 +87,19 @@ def test_more_updates_move_the_weights_further_from_the_same_start(tmp_path: Pat
 def test_updates_per_batch_outside_1_to_16_is_refused_naming_the_field(updates: int) -> None:
     with pytest.raises(ValidationError, match=r"updates_per_batch|updatesPerBatch"):
         spec(updates)
+
+
+@pytest.mark.slow  # trains a tiny model twice: a few seconds
+def test_activation_checkpointing_recomputes_and_takes_the_same_step(tmp_path: Path) -> None:
+    plain = make(tmp_path / "plain", 1)
+    job = spec(1)
+    job.policies[0].trainer.activation_checkpointing = True
+    checkpointed = learner.Learner(job.policies[0], job.algorithm, workdir=tmp_path / "ac")
+    checkpointed.sync_from_leader()
+    assert checkpointed.model.is_gradient_checkpointing
+    assert not plain.model.is_gradient_checkpointing
+    plain.step(two_groups())
+    checkpointed.step(two_groups())
+    after = plain.weights()
+    for name, tensor in checkpointed.weights().items():
+        assert torch.allclose(tensor, after[name], atol=1e-6), name

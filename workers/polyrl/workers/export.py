@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from polyrl.workers.models import loading as models
-from polyrl.workers.trainer import checkpoint
+from polyrl.workers.trainer import checkpoint, sharded_checkpoint
 
 NATS_SCHEMES = ("nats://", "tls://")
 
@@ -93,6 +93,11 @@ def export_checkpoint(
 
 
 def _load(directory: Path, dtype: str) -> Any:
+    if sharded_checkpoint.holds_shards(directory):  # a sharded trainer's: assembled here
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+        sharded_checkpoint.whole_weights(directory, model)
+        return model.to(getattr(torch, dtype))
     return AutoModelForCausalLM.from_pretrained(
         directory, dtype=getattr(torch, dtype), local_files_only=True
     )

@@ -72,7 +72,8 @@ def policy_model(policy: PolicySpec, *, cache_dir: Path | None = None) -> None:
             trainable = sum(p.numel() for p in lora.trainable(lora.wrap(meta, policy.trainer.lora)))
         except ConfigError as err:
             raise ConfigError(f"policy {policy.name!r}: {err}") from None
-    if short := memory.shortfall(policy, n_parameters, trainable):
+    largest = max(memory.layer_parameters(meta), default=0)
+    if short := memory.shortfall(policy, n_parameters, trainable, largest_layer=largest):
         log.warning("%s", short)
 
 

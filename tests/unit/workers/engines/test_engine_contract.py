@@ -317,16 +317,23 @@ def served(engine: base.Engine, prompts: list[list[int]]) -> tuple[list[list[int
     return [r.tokens for r in results], torch.tensor([r.logprobs for r in results])
 
 
+def rows(state: dict[str, torch.Tensor], part: int, parts: int) -> dict[str, torch.Tensor]:
+    """Part `part` of `parts` of every tensor's rows, as a sharded trainer's rank holds them."""
+    return {name: t.chunk(parts)[part].clone() for name, t in state.items()}
+
+
+@pytest.mark.parametrize("parts", [1, 2], ids=["whole", "in-two-parts"])
 def test_keyframe_and_delta_updates_serve_what_a_fresh_load_of_the_same_weights_serves(
-    case: Case, tmp_path: Path
+    case: Case, tmp_path: Path, parts: int
 ) -> None:
     """The rollout worker's update path (`weights.EngineWeights`) over the real codec: K
-    versions as keyframes and delta chains, patched into a host state and pushed. What the
-    engine then serves must be what an engine loaded afresh from version K's safetensors
-    serves; a control update of one element must show (a push that never reached the
-    kernels would pass the first check and fail this one)."""
-    from polyrl.workers.deltas.decode import apply_delta
+    versions as keyframes and delta chains, patched into a host state and pushed, whole or
+    in two parts (a sharded trainer's ranks' rows, `weightsync.pieces`). What the engine
+    then serves must be what an engine loaded afresh from version K's safetensors serves; a
+    control update of one element must show (a push that never reached the kernels would
+    pass the first check and fail this one)."""
     from polyrl.workers.deltas.encode import encode_delta, encode_keyframe
+    from polyrl.workers.weightsync import pieces
 
     model = tiny_llama(SEED, torch.bfloat16)
     trainer = {name: t.clone() for name, t in model.state_dict().items()}
@@ -338,12 +345,19 @@ def test_keyframe_and_delta_updates_serve_what_a_fresh_load_of_the_same_weights_
     prompts = [torch.randint(0, 32, (int(n),), generator=gen).tolist() for n in range(1, 33)]
     for version in range(1, 7):  # keyframes at 1 and 4, deltas between
         new = training_step(trainer, gen)
-        blob = (
-            encode_keyframe(new, version=version)
+        blobs = [
+            encode_keyframe(rows(new, i, parts), version=version)
             if version % 3 == 1
-            else encode_delta(trainer, new, base_version=version - 1, new_version=version)
-        )
-        apply_delta(replica, blob, have_version=version - 1)
+            else encode_delta(
+                rows(trainer, i, parts),
+                rows(new, i, parts),
+                base_version=version - 1,
+                new_version=version,
+            )
+            for i in range(parts)
+        ]
+        _, replica, targets = pieces.prepare(replica, blobs, have_version=version - 1)
+        pieces.apply(blobs, targets, have_version=version - 1)
         engine.load_weights(replica)
         trainer = new
     model.load_state_dict(trainer)

@@ -9,8 +9,10 @@ follow it (`ranks.follow`) and serve their pod's readiness probe.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import signal
 import sys
 
 import torch
@@ -22,7 +24,7 @@ from polyrl.workers.errors import ConfigError, Unavailable
 from polyrl.workers.models import loading as models
 from polyrl.workers.runtime import prometheus as worker_metrics
 from polyrl.workers.runtime.worker import Runtime, fail, load_config, torch_threads, workdir_for
-from polyrl.workers.trainer import ranks
+from polyrl.workers.trainer import before_rl, ranks
 from polyrl.workers.trainer.learner import Learner
 from polyrl.workers.trainer.loop import run
 
@@ -42,9 +44,11 @@ async def serve(config: WorkerConfig, pod: str) -> None:
     if world > 1:
         log.info("rank %d of %d (%s)", rank, world, dist.get_backend())
     if rank != 0:
+        _stop_when_rank_0_says(rank)
         trainer.sync_from_leader()
         _serve_follower_readiness(config)
-        await asyncio.to_thread(ranks.follow, trainer.step)
+        prepare = functools.partial(before_rl.follow, trainer, role, config.spec)
+        await asyncio.to_thread(ranks.follow, trainer, prepare)
         log.info(await asyncio.to_thread(ranks.agree, trainer.state.step, trainer.model))
         return
     rt = await Runtime.connect(config, pod)
@@ -59,6 +63,18 @@ async def serve(config: WorkerConfig, pod: str) -> None:
         beat.cancel()
         await rt.close()
         log.info("disconnected")
+
+
+def _stop_when_rank_0_says(rank: int) -> None:
+    """A rank other than 0 ends when rank 0 orders it (`ranks.Order.STOP`), not on SIGTERM
+    or SIGINT: a deleted pod, the end of a job or `polyrl run` stopping signals every rank
+    at once, and rank 0 then saves its last checkpoint, which under fsdp2 needs every rank.
+    torchrun kills a rank that outlives its grace period."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(
+            sig, log.info, "rank %d: %s; stopping when rank 0 says so", rank, sig.name
+        )
 
 
 def _serve_follower_readiness(config: WorkerConfig) -> None:

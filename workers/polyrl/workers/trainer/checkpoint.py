@@ -58,7 +58,8 @@ def save(
     """Write the checkpoint; with the model's config and `tokenizer` it is also an HF directory.
 
     The config and tokenizer make a checkpoint self-describing: `polyrl export` (and
-    `AutoModelForCausalLM.from_pretrained`) need nothing but the directory.
+    `AutoModelForCausalLM.from_pretrained`) need nothing but the directory. A sharded
+    trainer writes its own kind (`sharded_checkpoint`).
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".ckpt.", dir=directory.parent))
@@ -120,9 +121,9 @@ def resume(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> TrainerState:
     """Load the last checkpoint if there is one; a new epoch either way after the first."""
-    if not (directory / STATE).is_file():
+    state = read_state(directory)
+    if state is None:
         return TrainerState()
-    state = TrainerState(**json.loads((directory / STATE).read_text()))
     adapter = (directory / ADAPTER_WEIGHTS).is_file()
     if adapter != lora.is_lora(model):
         held, now = ("an adapter", "not") if adapter else ("full weights", "now")
@@ -135,9 +136,22 @@ def resume(
     else:
         model.load_state_dict(load_file(str(directory / WEIGHTS)), strict=False)
     optimizer.load_state_dict(torch.load(directory / OPTIMIZER, weights_only=True))
+    log_resumed(directory, state)
+    return state
+
+
+def read_state(directory: Path) -> TrainerState | None:
+    """The step, version and epoch of the checkpoint in `directory` (None: none), the epoch
+    already the resumed trainer's (one more)."""
+    if not (directory / STATE).is_file():
+        return None
+    state = TrainerState(**json.loads((directory / STATE).read_text()))
     state.epoch += 1
+    return state
+
+
+def log_resumed(directory: Path, state: TrainerState) -> None:
     log.info(
         "resumed from checkpoint: step %d, epoch %d (weight version %d) in %s",
         state.step, state.epoch, state.version, directory,
     )  # fmt: skip
-    return state

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
@@ -33,17 +34,15 @@ from pydantic import ValidationError
 
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
-from polyrl.api.resources import EvalOn, WeightSync
+from polyrl.api.resources import EvalOn, Strategy
 from polyrl.api.wire import Trajectory
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.errors import StorageFull
-from polyrl.workers.models import prompts
 from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import MetricsLog, Runtime
-from polyrl.workers.trainer import grpo, warmstart
+from polyrl.workers.trainer import before_rl, grpo, ranks, shard_publish, warmstart
 from polyrl.workers.trainer.learner import Learner
 from polyrl.workers.trainer.pool_scoring import EvaluationStopped, PoolScorer
-from polyrl.workers.trainer.scoring import ModelScorer
 from polyrl.workers.weightsync import announce, bundle, retention
 from polyrl.workers.weightsync.announce import Payload
 from polyrl.workers.weightsync.publish import WeightPublisher
@@ -52,6 +51,7 @@ from polyrl.workers.workflows import interface as roles
 
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = JobNames.trainer_consumer
+T = TypeVar("T")
 
 
 async def pull_batch(
@@ -131,12 +131,7 @@ class Leader:
         self.bucket_limit = 0  # messages the weights bucket may hold (`bound_bucket`)
         self.metrics = MetricsLog.from_env()
         spec = rt.config.spec
-        self.scorer = ModelScorer(
-            trainer.model,
-            prompts.for_training(trainer.tokenizer, self.policy.model.prompt_format),
-            roles.budget(role, spec, self.policy),
-            spec.algorithm.max_new_tokens,
-        )
+        self.scorer = before_rl.model_scorer(trainer, role, spec)
         self.pool: PoolScorer | None = None  # `trainer.evalOn: rollout` (made in `start`)
         self.step0: dict[str, float] = {}  # warm-up figures the step-0 record carries
         self.publish_seconds: float | None = None  # the last version's encoding and upload
@@ -150,7 +145,7 @@ class Leader:
         )
         await self.warm_up_and_evaluate()
         store = await WeightStore.open(self.rt.js, self.rt.names.weights_bucket(self.policy.name))
-        every = 1 if self.policy.weight_sync == WeightSync.FULL else self.policy.keyframe_every
+        every = shard_publish.keyframe_every(self.policy)
         last = await announce.latest(self.rt.js, self.rt.names, self.policy.name)
         if last is not None and last.epoch >= self.trainer.state.epoch:
             # Resumed from a checkpoint an earlier life already resumed from: its epoch
@@ -170,7 +165,11 @@ class Leader:
         if self.trainer.sends_adapters:
             size = await self.publisher.publish_base(self.trainer.base_bf16())
             self.observe_published([(PublishedKind.BASE, size)])
-        self.note_published(first, await self.publisher.publish(self.trainer.published(), first))
+        if self.trainer.sharded:
+            await self.publish_parts(first, final=False)
+        else:
+            state = self.trainer.published()
+            self.note_published(first, await self.publisher.publish(state, first))
         self.trainer.state.version = first
         if self.pool is not None:  # the pool serves the start only now
             self.stage("evaluating on the rollout pool")
@@ -185,13 +184,21 @@ class Leader:
 
     async def warm_up_and_evaluate(self) -> None:
         """The warm start (held-out figures before it, when both run), what the policy's
-        role runs before RL, and the held-out figures RL starts from, as step 0."""
+        role runs before RL, and the held-out figures RL starts from, as step 0. Sharded
+        (`before_rl`), the ranks shard the model first and run the warm-up and the
+        preparation together, without the figures before the warm-up."""
         state, spec = self.trainer.state, self.rt.config.spec
-        resumed = state.step > 0 or state.epoch > 0
+        resumed = before_rl.resumed(self.trainer)
         warming = warmstart.will_run(self.policy, self.role.warmup, resumed=resumed)
+        together = self.policy.trainer.strategy == Strategy.FSDP2
+        if together:
+            await asyncio.to_thread(self.trainer.sync_from_leader)  # shards the model
+            if self.trainer.world > 1:
+                await asyncio.to_thread(ranks.order, ranks.Order.PREPARE)
         self.stage("evaluating")
         # Before the warm-up on the trainer: no pool ever serves those weights.
-        before = await asyncio.to_thread(self.evaluate, self.scorer) if warming else {}
+        alone = warming and not together
+        before = await asyncio.to_thread(self.evaluate, self.scorer) if alone else {}
         self.stage("warming up" if warming else "starting")
         warmed = await asyncio.to_thread(
             warmstart.warm_start,
@@ -205,11 +212,14 @@ class Leader:
         )
         if warmed:
             log.info("supervised warm-up: %s", warmed)
-        await asyncio.to_thread(self.trainer.sync_from_leader)
-        if self.role.evaluator is not None:
+            if together:  # the anchor was frozen before it (`before_rl`)
+                self.trainer.anchor_here()
+        if self.role.evaluator is not None:  # it may decode on the trainer
             self.stage("preparing its evaluation")
             handoff = NatsHandoff(self.rt, self.policy.name)
             await self.role.evaluator.prepare(handoff, self.scorer, first=state.step == 0)
+        if not together:
+            await asyncio.to_thread(self.trainer.sync_from_leader)
         self.step0 = warmstart.prefixed(warmed) | warmstart.prefixed(before, "before_warmup_")
         if self.policy.trainer.eval_on == EvalOn.ROLLOUT:
             # Through the pool once it serves the start (`start`, after the first version).
@@ -277,9 +287,13 @@ class Leader:
 
     async def bound_bucket(self, store: WeightStore, keyframe_every: int) -> None:
         """Limit the weights bucket to what retention keeps for a model of this size."""
-        model_bytes = sum(t.numel() * 2 for t in self.trainer.weights().values())
+        model_bytes = self.trainer.weight_bytes()
         self.bucket_limit = natsconfig.weights_bucket_messages(
-            model_bytes, store.chunk_size, keyframe_every, retention.KEEP_KEYFRAMES
+            model_bytes,
+            store.chunk_size,
+            keyframe_every,
+            retention.KEEP_KEYFRAMES,
+            parts=self.trainer.world if self.trainer.sharded else 1,
         )
         await natsconfig.bound_weights(
             self.rt.js, self.rt.names, self.policy.name, self.bucket_limit
@@ -296,22 +310,57 @@ class Leader:
             await self.publishing
         version = self.trainer.state.version + 1
         self.trainer.state.version = version
-        self.publishing = asyncio.create_task(self._publish(version, final=final))
+        if self.trainer.sharded:  # every rank encodes its rows now, between two steps
+            await self.publish_parts(version, final=final)
+            self.publishing = asyncio.create_task(self._prune())
+        else:  # the weights leave the model now, before the next step changes them
+            state = self.trainer.published()
+            self.publishing = asyncio.create_task(self._publish(version, state, final=final))
         # Said at once, not at the next periodic heartbeat: the workflow runner asks for the
         # samples of later batches at this version (`staleness`), which rollouts serve once it lands.
         self.rt.figures["weight_version"] = version
         await self.rt.beat()
 
-    async def _publish(self, version: int, *, final: bool) -> None:
-        """Publish `version`, then prune the bucket (`retention`): nothing a live replica or a
-        new one needs goes, and the bucket stays bounded however long the job runs."""
+    async def publish_parts(self, version: int, *, final: bool) -> None:
+        """Sharded: every rank encodes its rows of `version`; rank 0 writes its own part of
+        each object, then each other rank's as it arrives, and announces the object once
+        (`shard_publish`). On the step's path: the other ranks wait for the writes."""
         started = time.monotonic()
-        state = self.trainer.published()
-        try:  # a retry rewrites the same objects; the announcements carry message ids
-            announced = await outage.retry(
-                lambda: self.publisher.publish(state, version=version, final=final),
-                what=f"publishing weight version {version}",
-            )
+        parts = self.trainer.parts
+        assert parts is not None
+        ranks.order(ranks.Order.PUBLISH, version)
+        mine = await asyncio.to_thread(self.trainer.publish_part, version)
+        world, announced = self.trainer.world, []
+        for part in mine:
+            metas = []
+            for rank in range(world):
+                blob = part.blob if rank == 0 else await asyncio.to_thread(parts.receive, rank)
+                write = functools.partial(self.publisher.put_part, part.name, rank, world, blob)
+                metas.append(await self._stored(write, version))
+            say = functools.partial(
+                self.publisher.announce_parts,
+                version, part.name, part.kind, part.base, metas, final=final,
+            )  # fmt: skip
+            announced.append(await self._stored(say, version))
+        self.publish_seconds = round(time.monotonic() - started, 3)
+        self.note_published(version, announced)
+
+    async def _publish(self, version: int, state: dict[str, Any], *, final: bool) -> None:
+        """Publish `version` (its weights, `state`), then prune the bucket (`_prune`)."""
+        started = time.monotonic()
+        # A retry rewrites the same objects; the announcements carry message ids.
+        write = functools.partial(self.publisher.publish, state, version=version, final=final)
+        announced = await self._stored(write, version)
+        # Encoding and upload, off the critical path: the next step's record carries it.
+        self.publish_seconds = round(time.monotonic() - started, 3)
+        self.note_published(version, announced)
+        await self._prune()
+
+    async def _stored(self, write: Callable[[], Awaitable[T]], version: int) -> T:
+        """`write()` (an object of `version`, or its announcement), retried while NATS is
+        away; `StorageFull` when the bucket is at its limit."""
+        try:
+            return await outage.retry(write, what=f"publishing weight version {version}")
         except APIError as err:
             if not natsconfig.is_full(err):
                 raise
@@ -320,9 +369,10 @@ class Leader:
                 f"({self.bucket_limit} messages, what retention keeps for this model with "
                 f"keyframeEvery {self.policy.keyframe_every}): version {version} not published"
             ) from err
-        # Encoding and upload, off the critical path: the next step's record carries it.
-        self.publish_seconds = round(time.monotonic() - started, 3)
-        self.note_published(version, announced)
+
+    async def _prune(self) -> None:
+        """Prune the bucket (`retention`): nothing a live replica or a new one needs goes,
+        and the bucket stays bounded however long the job runs."""
         try:
             live = await retention.live_versions(self.rt.kv, self.policy.name)
             await retention.prune(self.publisher, live)
@@ -369,6 +419,7 @@ class Leader:
         """What `version` cost on the wire, by kind: for the next metrics record, Prometheus
         and the log."""
         kinds = [(published_kind(a), a.size) for a in announced]
+        parts = "".join(f" in {a.parts} parts" for a in announced[:1] if a.parts > 1)
         self.last_published = {
             "published_version": version,
             "published_bytes": sum(size for _, size in kinds),
@@ -376,8 +427,8 @@ class Leader:
         }
         self.observe_published(kinds)
         log.info(
-            "version %d published: %s",
-            version, ", ".join(f"{kind} {size / 1e6:.3g} MB" for kind, size in kinds),
+            "version %d published%s: %s",
+            version, parts, ", ".join(f"{kind} {size / 1e6:.3g} MB" for kind, size in kinds),
         )  # fmt: skip
 
     def observe_published(self, kinds: Sequence[tuple[str, int]]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,24 @@ import torch
 import torch.distributed as dist
 
 from polyrl.api.lora import LoraSync
-from polyrl.api.resources import AlgorithmSpec, PolicySpec, ResolvedLoss, UniformGroups
+from polyrl.api.resources import AlgorithmSpec, PolicySpec, ResolvedLoss, Strategy, UniformGroups
 from polyrl.api.wire import Trajectory
+from polyrl.workers.errors import ConfigError
 from polyrl.workers.models import loading as models
 from polyrl.workers.models import lora
-from polyrl.workers.trainer import batching, checkpoint, grpo, objectives, overlong, packing
+from polyrl.workers.trainer import (
+    batching,
+    checkpoint,
+    grpo,
+    objectives,
+    overlong,
+    packing,
+    shard_publish,
+    sharded_checkpoint,
+    sharding,
+)
+
+log = logging.getLogger("polyrl.trainer")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,6 +69,8 @@ class Learner:
         self.policy, self.algo, self.rank, self.world = policy, algo, rank, world
         source = policy.model.model_copy(update={"dtype": "float32"})
         model, self.tokenizer = models.make_model(source, cache_dir=workdir / "models")
+        if policy.trainer.activation_checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
         spec = policy.trainer.lora
         self.model: Any = model if spec is None else lora.wrap(model, spec)
         opt = policy.trainer.optimizer
@@ -62,20 +78,76 @@ class Learner:
             lora.trainable(self.model), lr=opt.lr, weight_decay=opt.weight_decay
         )
         self.checkpoint_dir = workdir / "checkpoint"
-        self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
+        # A sharded checkpoint's weights load once the model is sharded (`_shard`).
+        self.shards_to_load = sharded_checkpoint.holds_shards(self.checkpoint_dir)
+        if self.shards_to_load:
+            self.state = self._sharded_state()
+        else:
+            self.state = checkpoint.resume(self.checkpoint_dir, self.model, self.optimizer)
         self.reference: torch.nn.Module | None = None  # see `freeze_reference`
         self.last_ages: dict[int, int] = {}  # the last batch's samples by age, in versions
+        self.parts: shard_publish.ShardParts | None = None  # sharded: what it publishes
+        self.memory_said = False  # each rank's memory, after its first step (`step`)
+        self.writer: sharded_checkpoint.Writer | None = None  # sharded: its checkpoints
+
+    @property
+    def sharded(self) -> bool:
+        """`strategy: fsdp2`, once `sync_from_leader` has sharded the model: from then on
+        every rank must join whatever gathers weights (`weights`, `save`)."""
+        return sharding.is_sharded(self.model)
 
     def save(self) -> None:
-        checkpoint.save(
+        """Write the checkpoint (rank 0); sharded, every rank calls this and writes its own
+        shards (`sharded_checkpoint`), which any number of ranks can resume from."""
+        if not self.sharded:
+            if self.rank != 0:
+                return  # rank 0's weights are every rank's
+            checkpoint.save(
+                self.checkpoint_dir,
+                self.model,
+                self.optimizer,
+                self.state,
+                tokenizer=self.tokenizer,
+                reference=self.reference,
+                base=self.policy.model,
+            )
+            return
+        assert self.writer is not None
+        seconds = self.writer.save(
             self.checkpoint_dir,
             self.model,
             self.optimizer,
             self.state,
+            rank=self.rank,
             tokenizer=self.tokenizer,
             reference=self.reference,
-            base=self.policy.model,
         )
+        if self.writer.background:
+            log.info(
+                "sharded checkpoint at step %d: shards copied in %.2f s, written in the background",
+                self.state.step, seconds,
+            )  # fmt: skip
+        else:
+            log.info("sharded checkpoint at step %d saved in %.2f s", self.state.step, seconds)
+
+    def saved(self) -> None:
+        """Every rank of a sharded trainer, before it ends: the checkpoint still being
+        written in the background (`checkpoint.asyncWrites`) written and in place."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def _sharded_state(self) -> checkpoint.TrainerState:
+        """A sharded checkpoint's counters; its weights wait for `_shard`."""
+        if self.policy.trainer.strategy != Strategy.FSDP2:
+            raise ConfigError(
+                f"the checkpoint in {self.checkpoint_dir} was written by a sharded trainer "
+                "(trainer.strategy fsdp2): resume it with fsdp2, on any number of ranks"
+            )
+        state = checkpoint.read_state(self.checkpoint_dir)
+        if state is None:
+            raise ConfigError(f"the sharded checkpoint in {self.checkpoint_dir} has no state")
+        checkpoint.log_resumed(self.checkpoint_dir, state)
+        return state
 
     def freeze_reference(self) -> None:
         """The KL term's anchor (klCoef > 0): the policy RL starts from, frozen.
@@ -96,11 +168,30 @@ class Learner:
         torch.nn.Module.eval(reference)  # transformers' `eval` is untyped
         self.reference = reference.requires_grad_(False)
 
+    def anchor_here(self) -> None:
+        """The KL anchor set to the weights as they are now, each rank its own shards: a
+        sharded trainer warms up after `freeze_reference` (`before_rl`), and RL starts from
+        the warmed weights. No communication: every rank calls it after the warm-up."""
+        if self.reference is None:
+            return
+        with torch.no_grad():
+            pairs = zip(self.model.parameters(), self.reference.parameters(), strict=True)
+            for mine, anchor in pairs:
+                anchor.copy_(mine)
+
     def weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights as rollout engines and exports see them (merged under LoRA)."""
+        """The policy's weights as rollout engines and exports see them (merged under LoRA);
+        sharded, gathered whole on every rank, which must all call this."""
         if lora.is_lora(self.model):
             return lora.merged_state(self.model)
+        if self.sharded:
+            return sharding.full_state(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def weight_bytes(self) -> int:
+        """The bf16 bytes of the weights `weights` returns, without gathering them."""
+        tensors = self.weights() if lora.is_lora(self.model) else self.model.state_dict()
+        return sum(t.numel() * 2 for t in tensors.values())
 
     def export(self, out_dir: Path) -> None:
         """The policy as an HF directory (merged under LoRA): the model bundle's source."""
@@ -125,6 +216,17 @@ class Learner:
         if self.sends_adapters:
             return {k: v.to(torch.bfloat16) for k, v in lora.adapter_state(self.model).items()}
         return self.bf16()
+
+    def publish_part(self, version: int) -> list[shard_publish.Part]:
+        """Sharded: this rank's parts of `version` (`shard_publish`), which ranks other than
+        0 hand to rank 0 to write; every rank calls it at once."""
+        if self.parts is None:
+            raise RuntimeError("only a sharded model publishes in parts")
+        rows = shard_publish.local_rows(self.model, self.rank)
+        parts = self.parts.encode(rows, version)
+        if self.rank != 0:
+            self.parts.send(parts)
+        return parts
 
     def base_bf16(self) -> dict[str, torch.Tensor]:
         """The frozen base under LoRA, in bf16: what adapter versions are served on."""
@@ -156,6 +258,8 @@ class Learner:
                     figures.add(self._update(mini, kept, loss), update=update)
         self.state.step += 1
         stats = figures.means()
+        if self.world > 1 and not self.memory_said:  # once a life: every rank takes part
+            stats |= self._memory_per_rank()
         stats["reward"] = sum(s.reward for s in samples) / len(samples)
         stats["trained_fraction"] = len(trained) / len(samples)
         if loss.overlong_filter:
@@ -166,6 +270,27 @@ class Learner:
         shown = after - sum(map(batching.trained_tokens, samples))
         stats["shown_fraction"] = shown / after if after else 0.0
         return stats | self._staleness(samples)
+
+    def _memory_per_rank(self) -> dict[str, float]:
+        """What each rank holds after its first step, gathered to rank 0, which logs a line
+        per rank and returns `held_mib_rank<r>` (parameters, gradients and AdamW state, this
+        rank's shards under fsdp2) and `rss_gb_rank<r>` (resident memory) for the record."""
+        self.memory_said = True
+        held = sharding.held_bytes(self.model, self.optimizer)
+        mine = (sum(held.values()) / 2**30, sharding.resident_gb(), held)
+        seen: list[Any] = [None] * self.world
+        dist.all_gather_object(seen, mine)
+        figures = {}
+        for rank, (total, resident, parts) in enumerate(seen):
+            log.info(
+                "rank %d holds %.3f GiB (parameters %.1f MiB, gradients %.1f MiB, AdamW "
+                "%.1f MiB); resident %.2f GiB",
+                rank, total, parts["parameter_bytes"] / 2**20, parts["gradient_bytes"] / 2**20,
+                parts["optimizer_bytes"] / 2**20, resident,
+            )  # fmt: skip
+            figures[f"held_mib_rank{rank}"] = round(total * 1024, 1)
+            figures[f"rss_gb_rank{rank}"] = round(resident, 3)
+        return figures
 
     @property
     def _mini_batches(self) -> int:
@@ -239,7 +364,7 @@ class Learner:
         stats = []
         for index, rows in enumerate(mini.plan):
             if not rows or mini.batch is None:
-                packing.idle_pass(self.model, self._pad)  # as many passes as the other ranks
+                self._idle_pass(index, fixed)  # as many passes as the other ranks
                 continue
             part = _rows(mini.batch, rows)
             new = self._logprobs(self.model, part)
@@ -259,6 +384,17 @@ class Learner:
             value.backward()  # type: ignore[no-untyped-call]
             stats.append(figures)
         return stats
+
+    def _idle_pass(self, index: int, fixed: dict[int, _Fixed]) -> None:
+        """A zero-weighted pass that meets the other ranks' collectives in their order: the
+        model's forward, a sharded KL anchor's forward (first update only, as theirs), then
+        the model's backward."""
+        logits = packing.idle_forward(self.model, self._pad)
+        if index not in fixed and self.reference is not None and self.sharded:
+            with torch.no_grad():
+                packing.idle_forward(self.reference, self._pad)
+            fixed[index] = _IDLE
+        (logits.sum() * 0.0).backward()  # type: ignore[no-untyped-call]
 
     def _reference_logprobs(self, part: batching.Batch) -> torch.Tensor | None:
         if self.algo.kl_coef > 0 and lora.is_lora(self.model):
@@ -282,7 +418,7 @@ class Learner:
         )
 
     def _average_gradients(self) -> None:
-        if self.world == 1:
+        if self.world == 1 or self.sharded:  # fully_shard reduce-scatters the mean itself
             return
         for param in lora.trainable(self.model):
             if param.grad is None:
@@ -300,12 +436,48 @@ class Learner:
         if self.world > 1:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
-            shared: list[Any] = [self.optimizer.state_dict(), self.state]
+            shared: list[Any] = [self.optimizer.state_dict(), self.state, self.shards_to_load]
             dist.broadcast_object_list(shared, src=0)
-            if self.rank != 0:
+            if self.rank != 0:  # rank 0's checkpoint decides, seen or not from here
                 self.optimizer.load_state_dict(shared[0])
-                self.state = shared[1]
+                self.state, self.shards_to_load = shared[1], shared[2]
         self.freeze_reference()
+        if self.policy.trainer.strategy == Strategy.FSDP2 and not self.sharded:
+            self._shard()
+
+    def _shard(self) -> None:
+        """`strategy: fsdp2`: shard the model (and the KL anchor) over the ranks and move the
+        optimizer, with its state, onto the shards. Done once every rank holds rank 0's
+        weights: the warm-up and a resume ran on them whole."""
+        mesh = sharding.mesh_of(self.world)
+        precision = sharding.mixed_precision(mesh.device_type)
+        sharding.shard(self.model, mesh, precision=precision)
+        if self.reference is not None:
+            sharding.shard(self.reference, mesh, precision=precision)
+        opt = self.policy.trainer.optimizer
+        self.optimizer = sharding.reshard_optimizer(
+            self.optimizer,
+            lora.trainable(self.model),
+            lambda params: torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay),
+        )
+        every = shard_publish.keyframe_every(self.policy)
+        self.parts = shard_publish.ShardParts.for_ranks(keyframe_every=every)
+        background = self.policy.trainer.checkpoint.async_writes
+        self.writer = sharded_checkpoint.Writer(background=background)
+        if self.shards_to_load:
+            seconds = sharded_checkpoint.load(
+                self.checkpoint_dir, self.model, self.optimizer, reference=self.reference
+            )
+            self.shards_to_load = False
+            log.info("sharded checkpoint loaded on %d ranks in %.2f s", self.world, seconds)
+        sharding.release_freed_memory()
+        params = list(self.model.parameters())
+        log.info(
+            "fsdp2: sharded over %d ranks; this rank holds %.1f of %.1f MiB of parameters",
+            self.world,
+            sharding.local_bytes(params) / 2**20,
+            sum(p.numel() * p.element_size() for p in params) / 2**20,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -315,6 +487,9 @@ class _MiniBatch:
     batch: batching.Batch | None
     plan: packing.Plan
     normaliser: objectives.Normaliser
+
+
+_IDLE = _Fixed(torch.empty(0), None)  # an idle rank's micro-batch: nothing to keep
 
 
 def _rows(batch: batching.Batch, rows: list[int]) -> batching.Batch:

@@ -42,7 +42,7 @@ async def _train(rt: Runtime, trainer: Learner, leader: Leader) -> None:
     if state.step == 0 and state.epoch == 0:
         # A checkpoint where RL starts: a trainer lost before its first periodic one resumes
         # in a new epoch after its warm-up instead of doing all of it again in epoch 0.
-        await asyncio.to_thread(trainer.save)
+        await asyncio.to_thread(save, trainer)
     sync = spec.algorithm.mode == Mode.SYNC
     # Sync mode trains only on the current version's samples, with nothing overlapped.
     max_staleness = 0 if sync else spec.algorithm.max_staleness
@@ -64,7 +64,7 @@ async def _train(rt: Runtime, trainer: Learner, leader: Leader) -> None:
         if spec.algorithm.shuffle_rewards:
             samples = shuffled_rewards(samples, seed=state.step)
         if trainer.world > 1:
-            await asyncio.to_thread(ranks.share_batch, samples)
+            await asyncio.to_thread(ranks.order, ranks.Order.STEP, samples)
         stats = await asyncio.to_thread(trainer.step, samples)
         stats["train_seconds"] = time.monotonic() - started
         if leader.pool is None:  # on the trainer: before the weights leave
@@ -82,23 +82,25 @@ async def _train(rt: Runtime, trainer: Learner, leader: Leader) -> None:
         stats["wait_seconds"] = started - waiting
         leader.record(stats, dropped=len(dropped), seconds=time.monotonic() - started)
         if state.step % trainer.policy.trainer.checkpoint_every == 0:
-            trainer.save()
+            save(trainer)
     await _finish(rt, trainer, leader, sub, last_step)
 
 
 async def _finish(
     rt: Runtime, trainer: Learner, leader: Leader, sub: Any, last_step: int | None
 ) -> None:
-    """After the last step, or on SIGTERM: stop the other ranks, let the version being
-    published land, save, and say so."""
+    """After the last step, or on SIGTERM: let the version being published land, save, stop
+    the other ranks (a sharded model's save needs them), and say so."""
     state = trainer.state
     log.info("training stopped at step %d", state.step)
-    if trainer.world > 1:
-        await asyncio.to_thread(ranks.share_batch, None)  # tells the other ranks to stop
-        log.info(await asyncio.to_thread(ranks.agree, state.step, trainer.model))
     if leader.publishing is not None:
         await leader.publishing
-    trainer.save()
+    save(trainer)
+    if trainer.world > 1:
+        await asyncio.to_thread(ranks.order, ranks.Order.STOP)
+    await asyncio.to_thread(trainer.saved)  # every rank: the last checkpoint in place
+    if trainer.world > 1:
+        log.info(await asyncio.to_thread(ranks.agree, state.step, trainer.model))
     log.info("version %d published and checkpoint saved", state.version)
     if last_step is not None and state.step >= last_step:
         # Said once more after the last step: the operator reads the final step and version
@@ -112,3 +114,10 @@ async def _finish(
     # After the checkpoint: a connection lost by now must not cost the last save.
     with contextlib.suppress(Exception):
         await sub.unsubscribe()
+
+
+def save(trainer: Learner) -> None:
+    """A checkpoint; a sharded model's ranks all write theirs, told to by rank 0."""
+    if trainer.sharded:
+        ranks.order(ranks.Order.SAVE)
+    trainer.save()

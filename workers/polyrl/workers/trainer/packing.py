@@ -88,12 +88,13 @@ def packed_logprobs(
     return out.index_put((rows[targets], cols[targets]), values)
 
 
-def idle_pass(model: Any, pad_id: int) -> None:
-    """A zero-weighted forward and backward: a rank with no micro-batch left meets the
-    others' collectives, and adds nothing to any gradient."""
+def idle_forward(model: Any, pad_id: int) -> torch.Tensor:
+    """A forward on two pad tokens, its logits: with a zero-weighted backward, the pass of a
+    rank with no micro-batch left, which meets the others' collectives and adds nothing to
+    any gradient (`Learner._idle_pass`)."""
     ids = torch.full((1, 2), pad_id, dtype=torch.long, device=_device(model))
-    logits = model(input_ids=ids, use_cache=False).logits
-    (logits.sum() * 0.0).backward()
+    logits: torch.Tensor = model(input_ids=ids, use_cache=False).logits
+    return logits
 
 
 def _device(model: Any) -> torch.device:

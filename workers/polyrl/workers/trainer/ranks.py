@@ -1,41 +1,83 @@
-"""Data-parallel ranks of the trainer under torchrun: process group, batch sharing.
+"""The trainer's ranks under torchrun: process group, and rank 0's orders to the others.
 
-Rank 0 alone talks to NATS; it hands each step's samples to every rank and, at the end,
-None to say stop. Every other rank only follows (`follow`), training on its shard.
+Rank 0 alone talks to NATS; it tells every other rank what to do next (`order`): a step on
+the samples it hands them, and, once the model is sharded (`trainer.strategy: fsdp2`), each
+version to publish (every rank encodes its rows, `shard_publish`) and each checkpoint (every
+rank writes its shards), then stop. The
+other ranks only follow (`follow`), so every rank meets every collective in the same order.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 import xxhash
 
-from polyrl.workers.trainer import batching
+from polyrl.workers.trainer import batching, shard_publish, sharding
 
 
-def share_batch(samples: list[batching.Sample] | None) -> list[batching.Sample] | None:
-    """Rank 0 hands the step's samples to every rank (None: training is over)."""
-    box: list[Any] = [samples]
+class Order(enum.StrEnum):
+    """What rank 0 tells the other ranks to do next."""
+
+    PREPARE = "prepare"  # sharded: the warm-up and the evaluation's preparation, together
+    STEP = "step"  # a training step on the samples sent with it
+    PUBLISH = "publish"  # encode this rank's part of the version sent with it
+    SAVE = "save"  # write this rank's shards of a checkpoint
+    STOP = "stop"  # training is over
+
+
+class Follower(Protocol):
+    """What a rank other than 0 runs on rank 0's orders (`learner.Learner`)."""
+
+    def step(self, samples: list[batching.Sample]) -> dict[str, float]: ...
+    def publish_part(self, version: int) -> list[shard_publish.Part]: ...
+    def save(self) -> None: ...
+    def saved(self) -> None: ...
+
+
+def order(kind: Order, payload: list[batching.Sample] | int | None = None) -> None:
+    """Rank 0: tell every other rank what comes next (with a step's samples, or the version
+    to publish)."""
+    dist.broadcast_object_list([str(kind), payload], src=0)
+
+
+def _receive() -> tuple[Order, Any]:
+    box: list[Any] = [None, None]
     dist.broadcast_object_list(box, src=0)
-    result: list[batching.Sample] | None = box[0]
-    return result
+    return Order(box[0]), box[1]
 
 
-def follow(step: Callable[[list[batching.Sample]], Any]) -> None:
-    """Ranks other than 0: take a `step` on each batch rank 0 shares until it says stop."""
-    while (samples := share_batch(None)) is not None:
-        step(samples)
+def follow(learner: Follower, prepare: Callable[[], None] | None = None) -> None:
+    """Ranks other than 0: do what rank 0 orders, until it says stop (`prepare`: what a
+    sharded trainer's ranks run together before RL, `before_rl.follow`)."""
+    while True:
+        kind, payload = _receive()
+        if kind == Order.STOP:
+            learner.saved()  # a checkpoint still written in the background lands first
+            return
+        if kind == Order.PREPARE:
+            if prepare is None:
+                raise RuntimeError("rank 0 ordered the phases before RL; this rank has none")
+            prepare()
+        elif kind == Order.STEP:
+            learner.step(payload or [])
+        elif kind == Order.PUBLISH:
+            learner.publish_part(payload)  # encoded and handed to rank 0, which writes it
+        elif kind == Order.SAVE:
+            learner.save()
 
 
 def fingerprint(model: torch.nn.Module) -> str:
-    """A hash of every weight's bits: equal on every rank that took the same steps."""
+    """A hash of every weight's bits: equal on every rank that took the same steps (a
+    sharded model's whole weights: every rank gathers them)."""
     digest = xxhash.xxh3_64()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(sharding.full_state(model).items()):
         digest.update(name.encode())
         flat = tensor.detach().cpu().reshape(-1).contiguous()
         digest.update(flat.view(torch.uint8).numpy().tobytes())

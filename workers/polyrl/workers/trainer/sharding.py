@@ -14,12 +14,18 @@ as the data-parallel trainer computes there, so the two agree to rounding.
 
 from __future__ import annotations
 
-from typing import Any
+import ctypes
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from polyrl.workers.models import memory
 
 
 def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
@@ -31,15 +37,14 @@ def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks: modules of the classes transformers names as never to be
-    split across devices (`_no_split_modules`: `LlamaDecoderLayer`, `Qwen2DecoderLayer`, ...).
+    """The model's decoder layers (`memory.decoder_layers`), the units sharded one by one.
 
     Raises ValueError for a model that names none or has none of them: sharding its root alone
     would gather the whole model for every forward, which is data-parallel's memory with
     FSDP's communication."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    layers: list[nn.Module] = memory.decoder_layers(model)
     if not layers:
+        names = set(getattr(model, "_no_split_modules", None) or ())
         kind = type(model).__name__
         raise ValueError(
             f"{kind} names no decoder-layer class to shard by (transformers' _no_split_modules: "
@@ -71,6 +76,18 @@ def local_bytes(tensors: Any) -> int:
     return total
 
 
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """What this rank holds of `model`'s parameters, their gradients and `optimizer`'s
+    per-element state (AdamW's moments), in bytes (`local_bytes`)."""
+    params = list(model.parameters())
+    moments = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
+    return {
+        "parameter_bytes": local_bytes(params),
+        "gradient_bytes": local_bytes(p.grad for p in params),
+        "optimizer_bytes": local_bytes(moments),
+    }
+
+
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer whole, on every rank (an all-gather per tensor): for checks
     and small models; publication encodes each rank's shards instead."""
@@ -78,3 +95,73 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, tensor in model.state_dict().items():
         out[name] = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
     return out
+
+
+def resident_gb() -> float:
+    """This process's resident memory now, in GiB (Linux's VmRSS; 0.0 elsewhere)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return 0.0
+    kib = next((int(x.split()[1]) for x in lines if x.startswith("VmRSS:")), 0)
+    return kib / 2**20
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def mesh_of(world: int) -> DeviceMesh:
+    """The policy's ranks as one flat mesh, on the process group torchrun made."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return init_device_mesh(device, (world,))
+
+
+Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
+
+
+def reshard_optimizer(
+    old: torch.optim.Optimizer,
+    params: Iterable[nn.Parameter],
+    make: Callable[[list[nn.Parameter]], Opt],
+) -> Opt:
+    """An optimizer over the sharded `params` (in the order `old` had them, whole) carrying
+    `old`'s state, each tensor cut to this rank's shard of its parameter.
+
+    Every rank holds `old`'s whole state here (rank 0's, broadcast), so the cut needs no
+    communication beyond `distribute_tensor`'s; a fresh `old` has no state and none moves."""
+    params = list(params)
+    new = make(params)
+    state = old.state_dict()
+    for index, param in enumerate(params):
+        saved = state["state"].get(index)
+        if not saved:
+            continue
+        new.state[param] = {key: _moved(value, param) for key, value in saved.items()}
+    return new
+
+
+def _moved(value: Any, param: nn.Parameter) -> Any:
+    """A state entry for the shard of `param`: per-element tensors (moments) cut to it,
+    other tensors (Adam's step count) copied, so that nothing is shared with `old`."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if tuple(value.shape) == tuple(param.shape):
+        return _shard_like(value, param)
+    return value.clone()
+
+
+def _shard_like(value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
+    assert isinstance(param, DTensor)
+    return distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements)
+
+
+def release_freed_memory() -> None:
+    """Hand the whole model's freed pages back to the system (glibc's `malloc_trim`): each
+    rank built the model whole before sharding it, and without this its resident memory
+    would stay at the whole model's however little it now holds. Elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)

@@ -65,8 +65,19 @@ class WeightAnnouncement(ApiModel):
         description="model: the weights themselves; adapter: a LoRA adapter, which a "
         "replica serves on the frozen base the trainer wrote once as `BASE_OBJECT`.",
     )
-    size: int = Field(ge=0, description="Object size in bytes.")
-    checksum: str = Field(description="The object's Object Store digest, 'SHA-256=<base64>'.")
+    size: int = Field(ge=0, description="Object size in bytes (its parts' summed).")
+    checksum: str = Field(
+        description="The object's Object Store digest, 'SHA-256=<base64>'; for an object in "
+        "parts, its parts' digests in order, joined by commas."
+    )
+    parts: int = Field(
+        1,
+        ge=1,
+        le=999,
+        description="How many parts the object is stored in: 1, or one per rank of a sharded "
+        "trainer, named `<object>.partIIIofNNN` (`chain.part_name`), each that rank's rows "
+        "of every tensor.",
+    )
     final: bool = Field(
         False,
         description="The trainer's last version: it reached its stop condition and trains no "

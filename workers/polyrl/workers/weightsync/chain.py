@@ -12,6 +12,15 @@ names and sizes, so the policy is tested without NATS; object names say everythi
 
 Zero-padded so that names sort by version in any listing. Names that do not parse are someone
 else's objects: never planned over, never deleted.
+
+A sharded trainer (`trainer.strategy: fsdp2`) stores each object in parts, one per rank, each
+that rank's rows of every tensor (`pieces`):
+
+    v000000000012.delta.from000000000011.part001of002
+
+An object in parts is planned over as one (`fold`: its size is theirs summed) once all of its
+parts are there; the parts of a set that stays incomplete (a trainer stopped while writing it)
+are deleted once a later version is complete.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ import re
 from collections.abc import Iterable, Mapping
 
 _NAME = re.compile(r"^v(\d{12})(?:\.delta\.from(\d{12})|\.key)$")
+_PART = re.compile(r"^(.+)\.part(\d{3})of(\d{3})$")
+MAX_PARTS = 999
 
 
 class NoPath(LookupError):
@@ -49,6 +60,51 @@ def keyframe_name(version: int) -> str:
     if version < 0:
         raise ValueError(f"negative version {version}")
     return f"v{version:012d}.key"
+
+
+def part_name(name: str, index: int, count: int) -> str:
+    """The name of part `index` of `count` of the object `name` (a single part: `name`)."""
+    if not 0 <= index < count <= MAX_PARTS:
+        raise ValueError(f"part {index} of {count} (at most {MAX_PARTS} parts)")
+    return name if count == 1 else f"{name}.part{index:03d}of{count:03d}"
+
+
+def part_names(name: str, count: int) -> list[str]:
+    return [part_name(name, i, count) for i in range(count)]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stored:
+    """An object as a replica plans over it: its stored parts, in order, and their bytes."""
+
+    parts: tuple[str, ...]
+    size: int
+
+
+def fold(listing: Mapping[str, int]) -> dict[str, Stored]:
+    """The bucket's `listing` (stored names and sizes) as whole objects: a name alone is
+    itself, the parts of an object are that object once every one of them is there."""
+    out = {name: Stored((name,), size) for name, size in listing.items() if not _PART.match(name)}
+    for (name, count), parts in sorted(_part_sets(listing).items()):
+        if len(parts) == count:  # complete; of two complete sets, the one in more parts
+            ordered = tuple(part_names(name, count))
+            out[name] = Stored(ordered, sum(listing[p] for p in ordered))
+    return out
+
+
+def _part_sets(listing: Mapping[str, int]) -> dict[tuple[str, int], set[str]]:
+    """Stored parts by the object they belong to and their count (a trainer that restarted
+    on another number of ranks writes other parts)."""
+    sets: dict[tuple[str, int], set[str]] = {}
+    for stored in listing:
+        match = _PART.match(stored)
+        if match is not None and int(match.group(2)) < int(match.group(3)):
+            sets.setdefault((match.group(1), int(match.group(3))), set()).add(stored)
+    return sets
+
+
+def sizes(objects: Mapping[str, Stored]) -> dict[str, int]:
+    return {name: stored.size for name, stored in objects.items()}
 
 
 def parse(name: str, size: int = 0) -> WeightObject | None:
@@ -123,18 +179,35 @@ def _offer(best: dict[int, _Path], version: int, path: _Path) -> None:
 
 
 def to_delete(
-    objects: Mapping[str, int],
+    listing: Mapping[str, int],
     live_versions: Iterable[int],
     keep_keyframes: int = 2,
 ) -> set[str]:
-    """Objects the trainer may delete without costing any live replica a byte.
+    """Stored names (`listing`: the bucket's names and sizes) the trainer may delete without
+    costing any live replica a byte.
 
     Kept: the newest `keep_keyframes` keyframes (at least one) with their delta chains to the
     latest version (an older keyframe is the fallback when a newer one is refused), the plan of a
     new replica, and the plan of a replica at each live version. Since every kept plan survives,
-    no replica's cheapest way to the latest version gets more expensive. Only names that parse
-    are ever returned.
+    no replica's cheapest way to the latest version gets more expensive. An object goes with all
+    of its parts; parts of an incomplete object below the latest version go too. Only names
+    that parse are ever returned.
     """
+    folded = fold(listing)
+    doomed = _objects_to_delete(sizes(folded), live_versions, keep_keyframes)
+    out = {part for name in doomed for part in folded[name].parts}
+    latest = max((o.version for n in folded if (o := parse(n)) is not None), default=None)
+    kept = {part for stored in folded.values() for part in stored.parts}
+    for (name, _), parts in _part_sets(listing).items():
+        obj = parse(name)
+        if obj is not None and latest is not None and obj.version < latest:
+            out |= parts - kept
+    return out
+
+
+def _objects_to_delete(
+    objects: Mapping[str, int], live_versions: Iterable[int], keep_keyframes: int
+) -> set[str]:
     parsed = [obj for name, size in objects.items() if (obj := parse(name, size)) is not None]
     if not parsed:
         return set()

@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 from polyrl.api.naming import JobNames
 from polyrl.workers.deltas.encoders import Encoder, Snapshot
 from polyrl.workers.deltas.encoders.inline import InlineEncoder
+from polyrl.workers.deltas.format import Blob
 from polyrl.workers.weightsync import announce, chain
 from polyrl.workers.weightsync.announce import (
     BASE_OBJECT,
@@ -28,7 +29,7 @@ from polyrl.workers.weightsync.announce import (
     Payload,
     WeightAnnouncement,
 )
-from polyrl.workers.weightsync.store import ObjectMissing, WeightStore
+from polyrl.workers.weightsync.store import ObjectMeta, ObjectMissing, WeightStore
 
 
 class WeightPublisher:
@@ -122,6 +123,24 @@ class WeightPublisher:
         final: bool = False,
     ) -> WeightAnnouncement:
         meta = await self.store.put(name, blob)
+        return await self.announce_parts(version, name, kind, base, [meta], final=final)
+
+    async def put_part(self, name: str, index: int, count: int, blob: Blob) -> ObjectMeta:
+        """Write part `index` of `count` of the object `name` (a sharded trainer's rank's
+        rows, `pieces`); announced with its siblings once all are written."""
+        return await self.store.put(chain.part_name(name, index, count), blob)
+
+    async def announce_parts(
+        self,
+        version: int,
+        name: str,
+        kind: ObjectKind,
+        base: int | None,
+        parts: list[ObjectMeta],
+        *,
+        final: bool = False,
+    ) -> WeightAnnouncement:
+        """Say that the object `name`, written as `parts` (in order), is complete."""
         announcement = WeightAnnouncement(
             policy=self.policy,
             version=version,
@@ -130,8 +149,9 @@ class WeightPublisher:
             kind=kind,
             object=name,
             payload=self.payload,
-            size=meta.size,
-            checksum=meta.digest,
+            size=sum(meta.size for meta in parts),
+            checksum=",".join(meta.digest for meta in parts),
+            parts=len(parts),
             final=final,
         )
         await announce.publish(self.js, self.names, announcement)

@@ -214,6 +214,8 @@ class WeightStore:
 
     async def get(self, name: str) -> memoryview:
         """The object's bytes, checked against its digest; `ObjectMissing`, `ObjectCorrupt`.
+        One read at a time per store: two large objects read side by side through the bulk
+        connection have lost chunks (the second read's deliveries overran it).
 
         The buffer is numpy's `empty`: a `bytearray` would be zeroed first, a whole extra pass
         over memory before the first byte arrives.

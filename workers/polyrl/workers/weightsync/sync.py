@@ -14,6 +14,11 @@ what its version claims, and the keyframe repairs that). The codec applies all o
 whatever happens the state dict holds verified weights of `version`: the version before the
 refused object, or a later one. If the keyframe path fails as well, `SyncFailed` is raised and
 the state dict is still as good as its `version` says.
+
+An object in parts (a sharded trainer's, `pieces`) is fetched whole, every part checked, then
+applied part by part to row views of the state dict. A part refused after an earlier one was
+applied leaves a mix of two versions: the version becomes unknown (None) and the resync
+starts from a keyframe, as after an epoch change.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import time
 import torch
 
 from polyrl.workers.deltas import decode, errors, format
-from polyrl.workers.weightsync import chain
+from polyrl.workers.weightsync import chain, pieces
 from polyrl.workers.weightsync.announce import ObjectKind, WeightAnnouncement
 from polyrl.workers.weightsync.store import WeightObjectError, WeightStore
 
 State = dict[str, torch.Tensor]
+Plan = dict[str, tuple[str, ...]]  # objects to apply, in order, each with its stored parts
 
 
 class SyncFailed(Exception):
@@ -83,13 +89,15 @@ class WeightSync:
             and announcement.base_version == self.version
             and announcement.epoch == self.epoch
         ):
-            hint = [announcement.object]
+            name = announcement.object
+            hint = {name: tuple(chain.part_names(name, announcement.parts))}
         return await self.to(announcement.version, epoch=announcement.epoch, plan=hint)
 
     async def to(
-        self, latest: int, *, epoch: int | None = None, plan: list[str] | None = None
+        self, latest: int, *, epoch: int | None = None, plan: Plan | None = None
     ) -> SyncReport:
-        """Bring the state dict to `latest`; `epoch` other than ours means start from a keyframe."""
+        """Bring the state dict to `latest`; `epoch` other than ours means start from a keyframe.
+        `plan`: the objects to apply, in order, each with its stored parts."""
         started = time.perf_counter()
         report = SyncReport(self.version, [], 0, 0.0, [])
         if epoch is not None and epoch != self.epoch:
@@ -97,7 +105,7 @@ class WeightSync:
         if self.version != latest:
             try:
                 if plan is None:
-                    plan = chain.plan_sync(self.version, latest, await self.store.sizes())
+                    plan = await self._plan(self.version, latest)
                 await self._apply_all(plan, report)
             except _Refused as refused:
                 await self._resync(refused, latest, report)
@@ -110,7 +118,7 @@ class WeightSync:
         self._count(refused, report)
         avoid = [refused.name] if refused.object_at_fault else []
         try:
-            plan = chain.plan_sync(None, latest, await self.store.sizes(), avoid=avoid)
+            plan = await self._plan(None, latest, avoid=avoid)
             await self._apply_all(plan, report)
         except _Refused as again:
             self._count(again, report)
@@ -118,44 +126,70 @@ class WeightSync:
         except chain.NoPath as err:
             raise SyncFailed(f"to version {latest}: {err}, after {refused}") from err
 
+    async def _plan(self, have: int | None, latest: int, avoid: list[str] | None = None) -> Plan:
+        objects = chain.fold(await self.store.sizes())
+        names = chain.plan_sync(have, latest, chain.sizes(objects), avoid=avoid or ())
+        return {name: objects[name].parts for name in names}
+
     def _count(self, refused: _Refused, report: SyncReport) -> None:
         self.refusals += 1
         self.last_refusal = str(refused)
         report.refused.append(refused.name)
 
-    async def _apply_all(self, plan: list[str], report: SyncReport) -> None:
-        fetching = asyncio.create_task(self.store.get(plan[0])) if plan else None
+    async def _apply_all(self, plan: Plan, report: SyncReport) -> None:
+        names = list(plan)
+        fetching = asyncio.create_task(self._get(plan[names[0]])) if names else None
         try:
-            for i, name in enumerate(plan):
+            for i, name in enumerate(names):
                 assert fetching is not None
                 try:
-                    blob = await fetching
-                    following = plan[i + 1] if i + 1 < len(plan) else None
-                    fetching = asyncio.create_task(self.store.get(following)) if following else None
-                    header = await asyncio.to_thread(self._apply, name, blob)
+                    blobs = await fetching
+                    following = names[i + 1] if i + 1 < len(names) else None
+                    fetching = (
+                        asyncio.create_task(self._get(plan[following])) if following else None
+                    )
+                    header = await asyncio.to_thread(self._apply, name, blobs)
                 except (errors.DeltaError, WeightObjectError) as err:
                     raise _Refused(name, err) from err
                 if not header.is_keyframe:
                     report.changed += sum(map(_rewritten, header.tensors))
                     report.elements += sum(math.prod(t.shape) for t in header.tensors)
                 report.applied.append(name)
-                report.bytes += len(blob)
+                report.bytes += sum(map(len, blobs))
         finally:
             if fetching is not None:
                 fetching.cancel()
                 await asyncio.gather(fetching, return_exceptions=True)
 
-    def _apply(self, name: str, blob: memoryview) -> format.Header:
+    async def _get(self, parts: tuple[str, ...]) -> list[memoryview]:
+        """An object's parts, one after the other: reads of large objects side by side
+        overran the bulk connection (the server dropped chunks of one of them, a keyframe of
+        SmolLM2 in two parts), and one at a time the link is as busy."""
+        return [await self.store.get(part) for part in parts]
+
+    def _apply(self, name: str, blobs: list[memoryview]) -> format.Header:
         expected = chain.parse(name)
-        if self.state is None:
-            header, self.state = decode.load_keyframe(blob, self.workers)
+        if len(blobs) > 1:
+            header = self._apply_parts(blobs)
+        elif self.state is None:
+            header, self.state = decode.load_keyframe(blobs[0], self.workers)
         else:
             header = decode.apply_delta(
-                self.state, blob, have_version=self.version, workers=self.workers
+                self.state, blobs[0], have_version=self.version, workers=self.workers
             )
         self.version = header.new_version  # verified weights of this version, whatever the name
         if expected is None or header.new_version != expected.version:
             raise errors.CorruptDelta(f"{name} holds version {header.new_version}")
+        return header
+
+    def _apply_parts(self, blobs: list[memoryview]) -> format.Header:
+        """Apply an object's parts (all checked first) to row views of the state."""
+        header, self.state, targets = pieces.prepare(self.state, blobs, have_version=self.version)
+        try:
+            pieces.apply(blobs, targets, have_version=self.version, workers=self.workers)
+        except errors.DeltaError:
+            self.version = None  # some parts may have applied: a mix of two versions
+            raise
         return header
 
 
