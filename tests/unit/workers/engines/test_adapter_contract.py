@@ -144,11 +144,13 @@ def test_after_k_adapter_updates_an_engine_serves_what_a_fresh_engine_given_vers
 def test_adapter_serving_agrees_with_a_fresh_load_of_the_merged_weights(
     case: Case, engines_on_base: tuple[base.Engine, base.Engine], tmp_path: Path
 ) -> None:
-    """Greedy ids may differ only where the merged model's top two tokens are within 1e-2
-    of each other (counted, and few). Log-probs agree as the engine contract's bf16 case
-    asks: within 1e-3 where the engine computes in float32 over the merged bf16 weights (the
-    torch engine on CPU), else (vLLM adds B A x in bf16 kernels beside the base's output)
-    with a mean step-0 importance weight |w - 1| of at most 0.05."""
+    """Greedy ids may differ only at a near-tie of the merged model (counted, and few): its
+    top two log-probs within 0.03 nats where the engine computes in float32, within 0.1 where
+    it computes in bf16 (a logit of 4 has a bf16 step of 0.03, and both tokens' logits carry
+    such errors: vLLM parted once at a gap of 0.042 nats). Log-probs agree as the engine
+    contract's bf16 case asks: within 1e-3 where the engine computes in float32 over the
+    merged bf16 weights (the torch engine on CPU), else (vLLM adds B A x in bf16 kernels
+    beside the base's output) with a mean step-0 importance weight |w - 1| of at most 0.05."""
     _, engine = engines_on_base
     assert isinstance(engine, base.ServesAdapters)
     model = base_model()
@@ -159,6 +161,8 @@ def test_adapter_serving_agrees_with_a_fresh_load_of_the_merged_weights(
     merged = case.build_from(tmp_path / "merged")
     params = greedy(10)
     near_ties, gaps = 0, []
+    in_float32 = getattr(engine, "compute_dtype", None) == torch.float32
+    tie = 0.03 if in_float32 else 0.1
     reference = tiny_llama(SEED, torch.float32)
     reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
     for prompt, ours, theirs in zip(
@@ -168,10 +172,10 @@ def test_adapter_serving_agrees_with_a_fresh_load_of_the_merged_weights(
         agree = next((i for i, (x, y) in enumerate(pairs) if x != y), len(pairs))
         if agree < len(pairs):  # they part: only at a near-tie of the merged model
             near_ties += 1
-            assert top2_gap(reference, prompt + theirs.tokens[:agree]) < 1e-2
+            assert top2_gap(reference, prompt + theirs.tokens[:agree]) < tie
         gaps.append(torch.tensor(ours.logprobs[:agree]) - torch.tensor(theirs.logprobs[:agree]))
     gap = torch.cat(gaps).double()
-    if getattr(engine, "compute_dtype", None) == torch.float32:
+    if in_float32:
         assert float(gap.abs().max()) <= 1e-3
     else:
         assert float((gap.exp() - 1).abs().mean()) <= 0.05
@@ -213,8 +217,10 @@ def test_an_engine_serving_two_policies_serves_each_what_an_engine_with_its_adap
 
 @torch.inference_mode()
 def top2_gap(model: LlamaForCausalLM, tokens: list[int]) -> float:
-    probs = torch.softmax(model(torch.tensor([tokens]), use_cache=False).logits[0, -1], -1)
-    top = probs.topk(2).values
+    """How far apart, in nats, the model's two likeliest next tokens are."""
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens]), use_cache=False).logits[0, -1]
+    top = torch.log_softmax(logits, -1).topk(2).values
     return float(top[0] - top[1])
 
 
