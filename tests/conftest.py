@@ -26,6 +26,7 @@ from polyrl.testing import charts, tools
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.controlplane import kubeconfig
 from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.kueue import MANAGED_LABEL, Kueue
 from polyrl.testing.operatorprocess import OperatorProcess
 from polyrl.testing.waiting import wait_until
 
@@ -137,6 +138,29 @@ def cluster(k8s_tools: tools.Tools, tmp_path_factory: pytest.TempPathFactory) ->
     test_cluster.started_at = time.monotonic()  # type: ignore[attr-defined]
     yield test_cluster
     test_cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> Kueue:
+    """Kueue on the session's cluster, managing pods in namespaces labelled MANAGED_LABEL
+    only (`kueue_namespace`); stopped with the cluster. Built by `make tools` if missing."""
+    if cluster.control_plane.tools.kueue is None:
+        started = time.monotonic()
+        tools.build(("kueue",))
+        _TIMINGS["kueue build"] = f"{time.monotonic() - started:.0f}s"
+        cluster.control_plane.tools = tools.Tools.from_cache()
+    started = time.monotonic()
+    running = cluster.start_kueue()
+    _TIMINGS["kueue"] = f"{tools.KUEUE_VERSION} started in {time.monotonic() - started:.1f}s"
+    return running
+
+
+@pytest.fixture
+def kueue_namespace(kubectl: Kubectl, kueue: Kueue) -> Iterator[str]:
+    """A fresh namespace whose pods Kueue manages and the node agent runs."""
+    for name in _make_namespace(kubectl, "exec"):
+        kubectl("label", "namespace", name, f"{MANAGED_LABEL}=true")
+        yield name
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,12 @@
 #   $POLYRL_TOOLS_DIR/kubernetes-<ver>/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl}
 #   $POLYRL_TOOLS_DIR/etcd-<ver>/{etcd,etcdctl}
 #   $POLYRL_TOOLS_DIR/helm-<ver>/helm
+#   $POLYRL_TOOLS_DIR/kueue-<ver>/{kueue,crd/,webhook/}  (the CRDs and webhooks as Kueue ships them)
 # A directory counts only when it holds a `.complete` stamp, written after every binary
 # was built into a temporary sibling and the sibling renamed into place; a half-built
 # cache is therefore never mistaken for a good one.
 #
-# Usage: build-tools.sh [kubernetes|etcd|helm|all]   (default: all)
+# Usage: build-tools.sh [kubernetes|etcd|helm|kueue|all]   (default: all)
 set -euo pipefail
 
 # Versions and the cache directory come from polyrl.testing.tools (the one place they are
@@ -22,6 +23,7 @@ set -euo pipefail
 K8S_VERSION="${POLYRL_K8S_VERSION:?set by polyrl.testing.tools}"
 ETCD_VERSION="${POLYRL_ETCD_VERSION:?set by polyrl.testing.tools}"
 HELM_VERSION="${POLYRL_HELM_VERSION:?set by polyrl.testing.tools}"
+KUEUE_VERSION="${POLYRL_KUEUE_VERSION:?set by polyrl.testing.tools}"
 TOOLS="${POLYRL_TOOLS_DIR:?set by polyrl.testing.tools}"
 LOGS="${POLYRL_LOGS_DIR:?set by polyrl.testing.tools}"
 mkdir -p "$TOOLS" "$LOGS"
@@ -159,6 +161,63 @@ GO
   echo "helm $HELM_VERSION: built into $final"
 }
 
+# Kueue's controller and its CRDs. Its go.mod has no replace directives, so it builds as a
+# plain dependency; the CRDs and webhook manifests come from the same module version.
+# One change to Kueue: with internal certificate management off, cmd/kueue reads its metrics
+# certificate from /etc/kueue/metrics/certs, a path only an in-cluster install provides. Its
+# main package (which imports no internal package) is copied into the wrapper module with
+# that directory read from $KUEUE_METRICS_CERT_DIR, falling back to the same path; every
+# other package is Kueue's module as published.
+kueue_main() {  # module-dir work-dir
+  local main="$1/cmd/kueue/main.go" out="$2/cmd/kueue"
+  local from='metricsCertPath := "/etc/kueue/metrics/certs"'
+  [[ "$(grep -cF "$from" "$main")" == 1 ]] || { echo "cmd/kueue/main.go no longer holds: $from"; return 1; }
+  mkdir -p "$out"
+  sed "s#$from#metricsCertPath := metricsCertDir()#" "$main" > "$out/main.go"
+  cat > "$out/polyrl_metrics_certs.go" <<'GO'
+package main
+
+import "os"
+
+// metricsCertDir is polyrl's one change: where the metrics certificate lives.
+func metricsCertDir() string {
+	if dir := os.Getenv("KUEUE_METRICS_CERT_DIR"); dir != "" {
+		return dir
+	}
+	return "/etc/kueue/metrics/certs"
+}
+GO
+}
+
+# Kueue's controller and its CRDs. Its go.mod has no replace directives, so it builds as a
+# plain dependency; the CRDs and webhook manifests come from the same module version.
+build_kueue() {
+  local final="$TOOLS/kueue-$KUEUE_VERSION" log="$LOGS/build-kueue-$KUEUE_VERSION.log"
+  [[ -f "$final/.complete" ]] && { echo "kueue $KUEUE_VERSION: cached in $final"; return; }
+  local work tmp; work="$(mktemp -d)"; tmp="$(mktemp -d "$TOOLS/.kueue-$KUEUE_VERSION.XXXX")"
+  CLEANUP+=("$work" "$tmp")
+  echo "kueue $KUEUE_VERSION: building (log $log)"
+  cat > "$work/go.mod" <<GOMOD
+module polyrl.dev/kueue-build
+
+go 1.26.0
+
+require sigs.k8s.io/kueue $KUEUE_VERSION
+GOMOD
+  ( cd "$work" && go mod download sigs.k8s.io/kueue ) >"$log" 2>&1 || die "kueue: download the module" "$log"
+  local src; src="$(cd "$work" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  kueue_main "$src" "$work" >>"$log" 2>&1 || die "kueue: copy its main package" "$log"
+  ( cd "$work" && go mod tidy ) >>"$log" 2>&1 || die "kueue: resolve modules (go mod tidy)" "$log"
+  ( cd "$work" && CGO_ENABLED=0 go build -trimpath \
+      -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+      -o "$tmp/kueue" ./cmd/kueue ) >>"$log" 2>&1 || die "kueue: go build kueue" "$log"
+  cp -r "$src"/config/components/crd "$tmp/crd"
+  cp -r "$src"/config/components/webhook "$tmp/webhook"
+  chmod -R u+w "$tmp"
+  finish "$tmp" "$final"
+  echo "kueue $KUEUE_VERSION: built into $final"
+}
+
 main() {
   require_go
   local what="${1:-all}" t0=$SECONDS
@@ -166,8 +225,9 @@ main() {
     kubernetes) build_kubernetes ;;
     etcd) build_etcd ;;
     helm) build_helm ;;
-    all) build_etcd; build_kubernetes; build_helm ;;
-    *) echo "usage: $0 [kubernetes|etcd|helm|all]" >&2; exit 2 ;;
+    kueue) build_kueue ;;
+    all) build_etcd; build_kubernetes; build_helm; build_kueue ;;
+    *) echo "usage: $0 [kubernetes|etcd|helm|kueue|all]" >&2; exit 2 ;;
   esac
   echo "build-tools: ${1:-all} ready after $((SECONDS - t0)) s (cache: $TOOLS)"
 }

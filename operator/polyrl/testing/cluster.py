@@ -32,6 +32,7 @@ from polyrl.local import processes
 from polyrl.local.errors import StartupError
 from polyrl.testing import tools
 from polyrl.testing.controlplane import ControlPlane
+from polyrl.testing.kueue import MANAGED_LABEL, Kueue
 from polyrl.testing.nodeagent import podnet
 from polyrl.testing.nodeagent.agent import MODE_LABEL
 
@@ -59,6 +60,7 @@ class Cluster:
         self.ready_timeout = ready_timeout
         self.agent_args = agent_args
         self.agent: processes.Managed | None = None
+        self.kueue: Kueue | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -92,7 +94,28 @@ class Cluster:
             self.stop(remove=False)
             raise
 
+    def start_kueue(self, *, wait_for_pods_ready: dict[str, Any] | None = None) -> Kueue:
+        """Start Kueue on this cluster (`make tools` builds it; see polyrl.testing.kueue)."""
+        kueue_dir = self.control_plane.tools.kueue
+        if kueue_dir is None:
+            raise StartupError("kueue: find build", "Kueue is not built: run `make tools`")
+        self.kueue = Kueue(
+            self.workdir / "kueue",
+            kueue_dir=kueue_dir,
+            kubectl=self.control_plane.tools.kubectl,
+            kubeconfig=self.kubeconfig,
+            ca=self.control_plane.pki.ca,
+            wait_for_pods_ready=wait_for_pods_ready,
+            ready_timeout=self.ready_timeout,
+        )
+        self.kueue.start()
+        self.timings.update(self.kueue.timings)
+        return self.kueue
+
     def stop(self, *, remove: bool = True) -> None:
+        if self.kueue is not None:
+            self.kueue.stop()
+            self.kueue = None
         if self.agent is not None:
             processes.stop(self.agent)
             self.agent = None
@@ -162,6 +185,11 @@ class Cluster:
                     "log": str(self.agent.log),
                 }
             )
+        if self.kueue is not None and self.kueue.proc is not None:
+            proc = self.kueue.proc
+            state["processes"].append(
+                {"name": proc.name, "pid": proc.pid, "argv0": proc.argv0, "log": str(proc.log)}
+            )
         state["nodes"] = self.node_names
         state["timings"] = self.timings
         return state
@@ -214,7 +242,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"a cluster is already up in {args.dir}; run `down` first", file=sys.stderr)
         return 1
     t0 = time.monotonic()
-    tool_paths = tools.ensure()
+    tool_paths = tools.ensure(with_kueue=args.kueue)
     built = time.monotonic() - t0
     nodes = [f"polyrl-node-{i}" for i in range(args.nodes)]
     cluster = Cluster(
@@ -226,9 +254,20 @@ def _up(args: argparse.Namespace) -> int:
         apiserver_port=args.port,
     )
     cluster.start()
+    if args.kueue:
+        try:
+            cluster.start_kueue()
+        except BaseException:
+            cluster.stop()
+            raise
     (args.dir / "state.json").write_text(json.dumps(cluster.state(), indent=2))
     print(f"tools ready in {built:.1f}s; cluster {cluster.control_plane.timings.summary()}")
     print(f"nodes: {', '.join(nodes)}; pods run as processes in: {_exec_summary(cluster)}")
+    if cluster.kueue is not None:
+        print(
+            f"kueue {tools.KUEUE_VERSION}: webhooks at {cluster.kueue.url}; it manages pods in "
+            f"namespaces labelled {MANAGED_LABEL}=true"
+        )
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
 
@@ -263,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         help="create NS labelled for exec mode (repeatable; default: polyrl-system)",
     )
     parser.add_argument("--port", type=int, default=0, help="API server port (0: a free one)")
+    parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help=f"also start Kueue {tools.KUEUE_VERSION} (built by `make tools`), managing pods "
+        f"in namespaces labelled {MANAGED_LABEL}=true",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "up":

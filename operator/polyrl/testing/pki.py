@@ -99,6 +99,24 @@ def self_signed(directory: Path, stem: str, common: str) -> KeyPair:
     return pair
 
 
+def serving(directory: Path, ca: KeyPair, *, common: str) -> KeyPair:
+    """A serving certificate for 127.0.0.1 signed by the control plane's CA, written as
+    `tls.crt` and `tls.key` (what controller-runtime's webhook server reads): the API server
+    calls a webhook on loopback and trusts it through the CA bundle its configuration names."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(
+        subject=_name(common), key=key, issuer=ca_cert.subject, issuer_key=ca_key, server=True
+    )
+    pair = KeyPair(directory / "tls.crt", directory / "tls.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pair.key, key)
+    return pair
+
+
 def _name(common: str, org: str | None = None) -> x509.Name:
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
     if org:

@@ -27,8 +27,11 @@ from polyrl.local.errors import StartupError
 K8S_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 HELM_VERSION = "v3.19.5"
+# Kueue: the newest version the Go module proxy served when it was pinned. Built with its own
+# go.mod's Kubernetes libraries; it talks to our API server over the stable APIs only.
+KUEUE_VERSION = "v0.17.0"
 
-COMPONENTS = ("etcd", "kubernetes", "helm")
+COMPONENTS = ("etcd", "kubernetes", "helm", "kueue")
 
 
 def cache_dir() -> Path:
@@ -46,7 +49,12 @@ def logs_dir() -> Path:
 
 
 def component_dir(component: str) -> Path:
-    version = {"etcd": ETCD_VERSION, "kubernetes": K8S_VERSION, "helm": HELM_VERSION}[component]
+    version = {
+        "etcd": ETCD_VERSION,
+        "kubernetes": K8S_VERSION,
+        "helm": HELM_VERSION,
+        "kueue": KUEUE_VERSION,
+    }[component]
     return tools_dir() / f"{component}-{version}"
 
 
@@ -64,6 +72,7 @@ class Tools:
     kube_scheduler: Path
     kubectl: Path
     helm: Path | None
+    kueue: Path | None = None  # the directory: `kueue` binary, `crd/`, `webhook/`
 
     @classmethod
     def from_cache(cls) -> Tools:
@@ -75,6 +84,7 @@ class Tools:
             kube_scheduler=k8s / "kube-scheduler",
             kubectl=k8s / "kubectl",
             helm=component_dir("helm") / "helm" if is_built("helm") else None,
+            kueue=component_dir("kueue") if is_built("kueue") else None,
         )
 
 
@@ -93,6 +103,7 @@ def build(components: tuple[str, ...] = COMPONENTS, *, quiet: bool = False) -> N
         "POLYRL_K8S_VERSION": K8S_VERSION,
         "POLYRL_ETCD_VERSION": ETCD_VERSION,
         "POLYRL_HELM_VERSION": HELM_VERSION,
+        "POLYRL_KUEUE_VERSION": KUEUE_VERSION,
         "POLYRL_TOOLS_DIR": str(tools_dir()),
         "POLYRL_LOGS_DIR": str(logs_dir()),
     }
@@ -123,9 +134,10 @@ def build(components: tuple[str, ...] = COMPONENTS, *, quiet: bool = False) -> N
             print(f"built {component} in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
 
-def ensure(*, with_helm: bool = False) -> Tools:
+def ensure(*, with_helm: bool = False, with_kueue: bool = False) -> Tools:
     """The tools, built first if needed (a cold build takes tens of minutes on 2 cores)."""
-    build(("etcd", "kubernetes", "helm") if with_helm else ("etcd", "kubernetes"))
+    wanted = ("etcd", "kubernetes") + ("helm",) * with_helm + ("kueue",) * with_kueue
+    build(wanted)
     return Tools.from_cache()
 
 
@@ -145,6 +157,8 @@ def versions(tools: Tools) -> dict[str, str]:
     }
     if tools.helm is not None:
         found["helm"] = first_line(tools.helm, "version", "--short")
+    if tools.kueue is not None:
+        found["kueue"] = KUEUE_VERSION  # its binary has no --version flag
     return found
 
 
@@ -162,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "path":
             print(tools_dir())
         else:
-            for name, line in versions(ensure(with_helm=is_built("helm"))).items():
+            built = ensure(with_helm=is_built("helm"), with_kueue=is_built("kueue"))
+            for name, line in versions(built).items():
                 print(f"{name}: {line}")
     except StartupError as err:
         print(f"error: {err}", file=sys.stderr)
