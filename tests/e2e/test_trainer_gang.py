@@ -30,6 +30,9 @@ from polyrl.testing.waiting import wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEPS = 6
+# The sharded gang is killed mid-run: enough steps that a quick machine cannot finish them
+# between the kill's trigger and its landing.
+SHARDED_STEPS = 20
 NAMES = {"ddp": "gang", "fsdp2": "gang-sharded"}  # each its own claim and pods
 JOB: dict[str, Any] = {
     "apiVersion": "polyrl.dev/v1alpha1",
@@ -91,6 +94,8 @@ def test_two_trainer_pods_rendezvous_train_data_parallel_and_end_in_step(
     sharded = strategy == "fsdp2"
     if sharded:
         trainer["checkpointEvery"] = 2
+    steps = SHARDED_STEPS if sharded else STEPS
+    job["spec"]["stop"]["steps"] = steps
     group = f"{name}-solver"
     with explained(kubectl, operator, logs):
         started = time.monotonic()
@@ -102,7 +107,7 @@ def test_two_trainer_pods_rendezvous_train_data_parallel_and_end_in_step(
         )
         assert len({p["status"]["podIP"] for p in pods}) == 2
         if sharded:
-            killed = kill_mid_run(kubectl, ns, group)
+            killed = kill_mid_run(kubectl, ns, group, steps)
             print(f"trainer pod 1 deleted at step {killed}")
 
         def ended() -> dict[str, Any] | None:
@@ -113,41 +118,45 @@ def test_two_trainer_pods_rendezvous_train_data_parallel_and_end_in_step(
         done = wait_until("the job to end", ended, timeout=300, interval=1)
         print(f"ended {done['status']['phase']} in {time.monotonic() - started:.0f}s")
         assert done["status"]["phase"] == "Succeeded", done["status"]
-        assert done["status"]["policies"][0]["step"] == STEPS
+        assert done["status"]["policies"][0]["step"] == steps
         wait_no_pod_processes(logs)
         logs.collect()  # whole logs: every process has ended; a deleted pod's logs are kept
         # The ranks compared step and weights when training ended (they stop the trainer if
         # they differ): both at the last step, bit-identical, so every step was taken together.
         said = agreements(tmp_path / "pod-logs", group)
         assert said, "no trainer pod's log says the ranks agree"
-        last = {log: got for log, got in said.items() if got[1] == STEPS}
+        last = {log: got for log, got in said.items() if got[1] == steps}
         assert len(last) == 2, said  # both pods of the gang that finished
         assert len(set(last.values())) == 1, said
         assert next(iter(last.values()))[0] == 2, said
         if not sharded:
             assert last == said, said
         else:  # the killed gang stopped where it was (together, saving), the next resumed
-            assert all(got[1] < STEPS for log, got in said.items() if log not in last), said
+            assert all(got[1] < steps for log, got in said.items() if log not in last), said
             said = last
             restarts = kubectl.json("get", "pg", group, "-n", ns)["status"]["trainerRestarts"]
             assert restarts == 1, restarts
             for log in said:
                 text = (tmp_path / "pod-logs" / log).read_text(errors="replace")
                 assert "sharded checkpoint loaded on 2 ranks" in text, log
-                assert f"sharded checkpoint at step {STEPS} saved" in text, log
+                assert f"sharded checkpoint at step {steps} saved" in text, log
         kubectl("delete", "rlj", name, "-n", ns, "--timeout=60s")
 
 
-def kill_mid_run(kubectl: Kubectl, ns: str, group: str) -> int:
-    """Delete trainer pod 1 once the gang is past `KILL_AT` steps; the step it was at."""
+def kill_mid_run(kubectl: Kubectl, ns: str, group: str, steps: int) -> int:
+    """Kill trainer pod 1 (deleted with no grace, which kubectl makes 1 s: SIGKILL follows
+    at once, as a crash or a lost node ends it) once the gang
+    is past `KILL_AT` steps; the step it was at. A graceful deletion would not do: rank 1
+    waits for rank 0's word to stop (so that a gang's last save is never cut short), and a
+    quick gang can finish its steps within the grace period."""
 
     def step() -> int | None:
         got = kubectl.json("get", "pg", group, "-n", ns).get("status", {}).get("step", 0)
         return int(got) if int(got) >= KILL_AT else None
 
     at = wait_until(f"the gang past step {KILL_AT}", step, timeout=180, interval=0.25)
-    assert at < STEPS, f"the job reached step {at} before the kill"
-    kubectl("delete", "pod", f"{group}-trainer-1", "-n", ns, "--wait=false")
+    assert at < steps, f"the job reached step {at} before the kill"
+    kubectl("delete", "pod", f"{group}-trainer-1", "-n", ns, "--wait=false", "--grace-period=0")
     return at
 
 
