@@ -103,6 +103,8 @@ class ConditionType(enum.StrEnum):
     STOPPED = "Stopped"  # an RLJob that ended, either way
     COMPLETE = "Complete"  # an RLJob that succeeded
     FAILED = "Failed"  # an RLJob that failed
+    ADMITTED = "Admitted"  # a queued RLJob: Kueue admitted its gang (reason: Kueue's)
+    SUSPENDED = "Suspended"  # a queued RLJob: suspended by its user or evicted by Kueue
 
 
 class Condition(ApiModel):

@@ -139,6 +139,12 @@ class RLJobStatus(_Lifecycle):
         None,
         description="What the last failed workflow-runner pod said, until runners are healthy again.",
     )
+    queue_round: int = Field(
+        0,
+        ge=0,
+        description="A queued job (Kueue): how many times its user suspended it; part of its "
+        "pod group's name, so that each resume is admitted as a new Workload.",
+    )
 
 
 class PolicyGroupStatus(_Lifecycle, _Flow):

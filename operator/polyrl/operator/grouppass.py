@@ -78,6 +78,7 @@ def render_pod(p: GroupReconcile, launch: WorkerLaunch) -> dict[str, Any]:
         nats_secret=secret,
         nats_users=natsusers.secret_for(p.job, p.ctx.settings),
         grace_seconds=grace(p),
+        job=p.job,
     )
 
 

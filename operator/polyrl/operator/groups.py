@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from polyrl.api import naming, plan
+from polyrl.api import naming, plan, queueing
 from polyrl.api.base import (
     ConditionType,
     find_condition,
@@ -24,6 +24,7 @@ from polyrl.api.base import (
 from polyrl.api.launch import Role
 from polyrl.api.resources import Phase, PolicyGroup, RLJob
 from polyrl.operator import (
+    admission,
     grouppass,
     groupstatus,
     metrics,
@@ -89,6 +90,9 @@ async def _run(p: GroupReconcile, job_body: Mapping[str, Any] | None) -> None:
         why = "the job is suspended" if p.job.spec.suspend else _ended(p.job)
         await _idle(p, Phase.SUSPENDED if p.job.spec.suspend else job_phase, reason, why)
         return
+    if (too_many := queueing.refusal(p.job)) is not None:
+        await _idle(p, Phase.PENDING, "TooManyPodSets", too_many)
+        return
     launches = plan.group_launches(
         p.job,
         p.group,
@@ -129,6 +133,7 @@ async def _idle(p: GroupReconcile, phase: Phase, reason: str, message: str) -> N
     p.status.replicas = p.status.ready_replicas = 0
     p.status.trainer_pods = p.status.trainer_ready_pods = 0
     p.status.selector = naming.active_rollout_selector(p.name)
+    await admission.release(p.ctx.kube, p.job, p.pods)
     await grouppass.delete_all(p, p.pods)
 
 

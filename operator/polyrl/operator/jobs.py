@@ -22,7 +22,16 @@ from typing import Any
 
 from polyrl.api import naming, plan
 from polyrl.api.resources import Phase, PolicyGroup, RLJob, WhenDeleted
-from polyrl.operator import jobnats, jobstatus, metrics, render, report, runners, scaling
+from polyrl.operator import (
+    admission,
+    jobnats,
+    jobstatus,
+    metrics,
+    render,
+    report,
+    runners,
+    scaling,
+)
 from polyrl.operator.context import Context
 from polyrl.operator.jobnats import SHARED_NATS
 from polyrl.operator.jobpass import JobReconcile
@@ -57,6 +66,7 @@ async def reconcile(
         await _claims(p)
         await _groups(p, groups)
         await runners.run(p, pods)
+        await admission.observe(p)
     jobstatus.update(p, groups, pods)
     await jobstatus.finish(p)
     metrics.RECONCILE_SECONDS.labels(kind="rljob").observe(time.monotonic() - started)

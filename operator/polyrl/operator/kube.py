@@ -22,6 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from polyrl.api.base import GROUP, VERSION, now_rfc3339
 from polyrl.operator import metrics
 
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+
 T = TypeVar("T")
 
 
@@ -124,6 +126,24 @@ class Kube:
             name,
             patch,
         )
+
+    async def read_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Kueue Workload, or None where there is none (not made yet, or no Kueue)."""
+        try:
+            found: dict[str, Any] = await self._call(
+                "get",
+                self.custom.get_namespaced_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                "workloads",
+                name,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return found
 
     async def patch_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any]

@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any
 
-from polyrl.api import access, naming, natstls
+from polyrl.api import access, naming, natstls, queueing
 from polyrl.api.base import API_VERSION
 from polyrl.api.launch import (
     CHECKPOINT_MOUNT,
@@ -225,9 +225,14 @@ def pod(
     nats_secret: str | None = None,
     nats_users: str | None = None,
     grace_seconds: int = 30,
+    job: RLJob | None = None,
 ) -> dict[str, Any]:
     """The Pod of `launch`: TLS files (and a token or creds) from `nats_secret`, or, where
-    the job has signed users, its own user's creds from `nats_users`."""
+    the job has signed users, its own user's creds from `nats_users`. A queued `job`'s pods
+    carry what puts them in Kueue's hands (`polyrl.api.queueing`)."""
+    labels, annotations = queueing.pod_metadata(job, launch) if job else ({}, {})
+    if job is not None:
+        launch = queueing.with_default_requests(job, launch)
     spec = pod_spec(
         launch, nats_secret=nats_secret, nats_users=nats_users, grace_seconds=grace_seconds
     )
@@ -237,8 +242,8 @@ def pod(
         "metadata": {
             "name": launch.name,
             "namespace": namespace,
-            "labels": dict(launch.labels),
-            "annotations": {naming.A_SPEC_HASH: spec_hash(spec)},
+            "labels": {**launch.labels, **labels},
+            "annotations": {naming.A_SPEC_HASH: spec_hash(spec), **annotations},
             "ownerReferences": [owner],
         },
         "spec": spec,

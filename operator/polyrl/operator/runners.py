@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from polyrl.api import plan
+from polyrl.api import plan, queueing
 from polyrl.api.base import now_rfc3339, seconds_since
 from polyrl.api.resources import Phase
-from polyrl.operator import jobphase, natsusers, render, scaling
+from polyrl.operator import admission, jobphase, natsusers, render, scaling
 from polyrl.operator.jobpass import JobReconcile
 from polyrl.operator.podinfo import PodInfo
 
@@ -23,6 +23,7 @@ log = logging.getLogger("polyrl.operator.jobs")
 
 async def free(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
     """The job's own pods (workflow runners) go; groups free theirs when they see the job."""
+    await admission.release(p.ctx.kube, p.job, pods)
     for pod in pods:
         if not pod.deleting:
             await p.ctx.kube.delete_pod(p.ns, pod.name, pod.uid)
@@ -30,7 +31,7 @@ async def free(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
 
 async def run(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
     runners = [x for x in pods if x.role == "workflow"]
-    if p.job.spec.suspend:
+    if p.job.spec.suspend or queueing.refusal(p.job) is not None:
         await free(p, runners)
         return
     launches = plan.plan(
@@ -50,6 +51,7 @@ async def run(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
             owner=owner,
             nats_secret=p.job.spec.nats.credentials_secret,
             nats_users=natsusers.secret_for(p.job, p.ctx.settings),
+            job=p.job,
         )
         if current is None:
             if not waiting:

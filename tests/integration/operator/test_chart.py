@@ -38,6 +38,7 @@ OPERATOR_RULES = [
     (["events.k8s.io"], ["events"], ["create", "patch"]),
     ([""], ["secrets"], ["get", "create", "patch"]),
     ([""], ["namespaces"], ["list", "watch"]),
+    (["kueue.x-k8s.io"], ["workloads"], ["get"]),  # a queued job's Admitted condition
     (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
     (["kopf.dev"], ["clusterkopfpeerings"], ["get", "list", "watch", "patch"]),
 ]

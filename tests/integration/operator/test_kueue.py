@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
+from polyrl.api import queueing
 from polyrl.testing.kube import Kubectl
-from polyrl.testing.kueue import Kueue
+from polyrl.testing.kueue import MANAGED_LABEL, Kueue
 from polyrl.testing.waiting import wait_until
 
-pytestmark = pytest.mark.kueue
+from .helpers import apply, job_doc, live, pods, reasons, wait_condition
 
-GATE = "kueue.x-k8s.io/admission"
+pytestmark = pytest.mark.kueue
 
 
 def queues(namespace: str, *, cpu: int) -> str:
@@ -71,7 +72,7 @@ spec:
     return "---".join(pods)
 
 
-def pods(kubectl: Kubectl, namespace: str, group: str) -> list[dict[str, Any]]:
+def group_pods(kubectl: Kubectl, namespace: str, group: str) -> list[dict[str, Any]]:
     selector = f"kueue.x-k8s.io/pod-group-name={group}"
     items: list[dict[str, Any]] = kubectl.json("get", "pods", "-n", namespace, "-l", selector)[
         "items"
@@ -79,12 +80,11 @@ def pods(kubectl: Kubectl, namespace: str, group: str) -> list[dict[str, Any]]:
     return items
 
 
-def gated(pod: dict[str, Any]) -> bool:
-    return any(g["name"] == GATE for g in pod["spec"].get("schedulingGates") or [])
+gated = queueing.gated
 
 
 def scheduled(kubectl: Kubectl, namespace: str, group: str, size: int) -> bool:
-    found = pods(kubectl, namespace, group)
+    found = group_pods(kubectl, namespace, group)
     return len(found) == size and all(not gated(p) and p["spec"].get("nodeName") for p in found)
 
 
@@ -104,7 +104,7 @@ def test_kueue_admits_a_pod_group_whole_within_quota_and_the_next_once_quota_fre
             for w in kubectl.json("get", "workloads.kueue.x-k8s.io", "-n", ns)["items"]
         ),
     )
-    waiting = pods(kubectl, ns, "second")
+    waiting = group_pods(kubectl, ns, "second")
     assert len(waiting) == 2
     assert all(gated(p) and not p["spec"].get("nodeName") for p in waiting)
 
@@ -120,5 +120,85 @@ def test_pods_outside_kueues_namespaces_never_meet_its_webhooks(
 ) -> None:
     """The shared test cluster's other namespaces: a pod with a queue label is not gated."""
     kubectl.apply(pod_group("free", 1, cpu="1"), "-n", namespace)
-    [pod] = pods(kubectl, namespace, "free")
+    [pod] = group_pods(kubectl, namespace, "free")
     assert not gated(pod)
+
+
+@pytest.fixture
+def queued_ns(kubectl: Kubectl, kueue: Kueue, ns: str) -> str:
+    """The operator's restricted namespace (pods only marked Running), managed by Kueue."""
+    kubectl("label", "namespace", ns, f"{MANAGED_LABEL}=true")
+    return ns
+
+
+def queued_job(name: str) -> dict[str, Any]:
+    """Runner, trainer and one rollout (the minimum): a gang of 3 pods of 1 CPU each."""
+    doc = job_doc(name, rollout={"replicas": 1, "minReplicas": 1})
+    doc["metadata"]["labels"] = {queueing.QUEUE_LABEL: "work"}
+    return doc
+
+
+def job_pods(kubectl: Kubectl, ns: str, job: str) -> list[dict[str, Any]]:
+    return live(pods(kubectl, ns, f"polyrl.dev/job={job}"))
+
+
+def all_scheduled(kubectl: Kubectl, ns: str, job: str, count: int) -> bool:
+    found = job_pods(kubectl, ns, job)
+    return len(found) == count and all(not gated(p) and p["spec"].get("nodeName") for p in found)
+
+
+def test_a_queued_job_starts_no_pod_before_its_gang_is_admitted_whole_and_waits_for_quota(
+    kubectl: Kubectl, queued_ns: str
+) -> None:
+    ns = queued_ns
+    kubectl.apply(queues(ns, cpu=4))
+    apply(kubectl, ns, queued_job("first"))
+    wait_condition(kubectl, ns, "rljob", "first", "Admitted", "Admitted", timeout=60)
+    wait_until("the first job's gang scheduled", lambda: all_scheduled(kubectl, ns, "first", 3))
+    gang = job_pods(kubectl, ns, "first")
+    assert {p["metadata"]["annotations"][queueing.TOTAL_ANNOTATION] for p in gang} == {"3"}
+    assert all(
+        p["spec"]["containers"][0]["resources"]["requests"] == queueing.DEFAULT_REQUESTS
+        for p in gang
+    )
+
+    apply(kubectl, ns, queued_job("second"))  # 3 more CPUs: 1 is left
+    job = wait_condition(kubectl, ns, "rljob", "second", "Admitted", "Pending", timeout=60)
+    message = next(c for c in job["status"]["conditions"] if c["type"] == "Admitted")["message"]
+    assert "insufficient unused quota" in message
+    waiting = job_pods(kubectl, ns, "second")
+    assert len(waiting) == 3
+    assert all(gated(p) and not p["spec"].get("nodeName") for p in waiting)
+    wait_until("an event", lambda: "WaitingForAdmission" in reasons(kubectl, ns, "second"))
+
+    kubectl("patch", "rljob", "first", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_condition(kubectl, ns, "rljob", "first", "Suspended", "SuspendedByUser")
+    wait_condition(kubectl, ns, "rljob", "second", "Admitted", "Admitted", timeout=90)
+    wait_until("the second job's gang scheduled", lambda: all_scheduled(kubectl, ns, "second", 3))
+    wait_until("an event", lambda: "Admitted" in reasons(kubectl, ns, "second"))
+
+
+def test_rollouts_above_the_minimum_are_admitted_one_by_one_within_quota(
+    kubectl: Kubectl, queued_ns: str
+) -> None:
+    ns = queued_ns
+    kubectl.apply(queues(ns, cpu=4))
+    apply(kubectl, ns, queued_job("elastic"))
+    wait_until("the gang scheduled", lambda: all_scheduled(kubectl, ns, "elastic", 3))
+    kubectl("scale", "pg", "elastic-solver", "-n", ns, "--replicas=3")
+    rollouts = "polyrl.dev/policy-group=elastic-solver,polyrl.dev/role=rollout"
+
+    def split() -> tuple[list[str], list[str]] | None:
+        found = live(pods(kubectl, ns, rollouts))
+        admitted = sorted(p["metadata"]["name"] for p in found if p["spec"].get("nodeName"))
+        held = sorted(p["metadata"]["name"] for p in found if gated(p))
+        return (admitted, held) if len(admitted) == 2 and len(held) == 1 else None
+
+    admitted, _held = wait_until("one more rollout admitted and one held", split, timeout=60)
+    assert "elastic-solver-rollout-0" in admitted  # the gang's own is never in question
+    kubectl("scale", "pg", "elastic-solver", "-n", ns, "--replicas=1")
+    wait_until(
+        "the extra rollouts gone",
+        lambda: len(live(pods(kubectl, ns, rollouts))) == 1,
+        timeout=60,
+    )

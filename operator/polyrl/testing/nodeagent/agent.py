@@ -272,6 +272,8 @@ class Agent:
 
     def _delete_now(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
+        if meta.get("finalizers"):
+            self._end_before_delete(pod)
         body = client.V1DeleteOptions(
             grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
         )
@@ -280,6 +282,28 @@ class Agent:
         except ApiException as err:
             if err.status not in (404, 409):
                 raise
+
+    def _end_before_delete(self, pod: dict[str, Any]) -> None:
+        """As a kubelet does, a deleted pod ends in a terminal phase (Failed: its containers
+        were stopped) before its object goes; a controller whose finalizer holds the pod
+        (Kueue's) waits for that phase to let it go."""
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        now = podstatus.stamp()
+        states = podstatus.containers_of(pod)
+        for state in states:
+            state.started_at = state.started_at or status.get("startTime") or now
+            state.exit_code, state.finished_at, state.reason = 137, now, "Error"
+        ended = podstatus.pod_status(
+            "Failed",
+            states,
+            start_time=status.get("startTime") or now,
+            pod_ip=status.get("podIP") or podstatus.HOST_IP,
+            reason="Terminated",
+            message="the pod was deleted; its containers were stopped",
+        )
+        self._patch(pod, ended)
 
     def _forget(self, uid: str) -> None:
         self.marked.discard(uid)
