@@ -8,7 +8,7 @@ except after a resume rolled its step back, none trained that was never publishe
 what a resume re-trained bounded by checkpointEvery x batchSize per resume. Each case
 prints its ledger; the module prints the table of all cases it ran.
 
-The rollout kill runs in `make test`; the other cases (trainer kills, runner kill, NATS
+The rollout kill and a preemption by Kueue run in `make test`; the other cases (trainer kills, runner kill, NATS
 restart, a remote pool's link cut, a corrupted weights object, the operator killed in a scale
 storm) are marked `chaos` (`make test-chaos`). docs/reliability.md has the table.
 """
@@ -38,12 +38,14 @@ from tests.operator_stack import PodLogs, explained, pod_processes
 
 from polyrl.api import naming
 from polyrl.api.naming import JobNames
+from polyrl.api.queueing import PRIORITY_LABEL, QUEUE_LABEL
 from polyrl.bench.dataplane import stream_ids
 from polyrl.bench.netshape import ShapedProxy
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing import ledger
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, condition
+from polyrl.testing.kueue import MANAGED_LABEL, Kueue
 from polyrl.testing.operatorprocess import OperatorProcess
 from polyrl.testing.waiting import wait_until
 from polyrl.workers.weightsync.chain import delta_name
@@ -310,6 +312,116 @@ def run_case(
     assert acc.accounted == acc.published
     assert runner.get("failed_episodes", 0) == 0, runner  # no episode failed
     return acc
+
+
+PREEMPTION_QUEUES = """
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata: {{name: polyrl-low}}
+value: 10
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata: {{name: polyrl-high}}
+value: 1000
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {{name: default-flavor}}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {{name: cq-{ns}}}
+spec:
+  namespaceSelector:
+    matchLabels: {{kubernetes.io/metadata.name: {ns}}}
+  preemption: {{withinClusterQueue: LowerPriority}}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: default-flavor
+      resources:
+      - {{name: cpu, nominalQuota: 4}}
+      - {{name: memory, nominalQuota: 64Gi}}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {{namespace: {ns}, name: work}}
+spec: {{clusterQueue: cq-{ns}}}
+"""
+
+BLOCKER = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: urgent
+  labels: {kueue.x-k8s.io/queue-name: work, kueue.x-k8s.io/priority-class: polyrl-high}
+spec:
+  restartPolicy: Never
+  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+  containers:
+  - name: main
+    image: polyrl/idle
+    command: [sleep, "10"]
+    resources: {requests: {cpu: "3", memory: 64Mi}}
+    securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+"""
+
+
+@pytest.mark.kueue
+def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
+    stack: Stack, kueue: Kueue
+) -> None:
+    """A low-priority job's gang (runner, trainer, 2 rollouts: 4 CPUs, the whole quota) is
+    preempted by a 3-CPU pod of higher priority: Kueue deletes its pods (the trainer saves on
+    SIGTERM), the operator makes them again behind the gate, and once the urgent pod is done
+    the job is admitted again and resumes from the checkpoint at the step it stopped."""
+    kubectl, ns = stack.kubectl, stack.ns
+    kubectl("label", "namespace", ns, f"{MANAGED_LABEL}=true")
+    kubectl.apply(PREEMPTION_QUEUES.format(ns=ns))
+    doc = job("preempt")  # until stopped: a tiny model runs 12 steps in a second
+    doc["metadata"]["labels"] = {QUEUE_LABEL: "work", PRIORITY_LABEL: "polyrl-low"}
+    doc["spec"]["policies"][0]["rollout"]["minReplicas"] = 2
+    timings: dict[str, float] = {}
+
+    def inject(case: Case) -> None:
+        case.wait_step(3)
+        started = time.monotonic()
+        kubectl.apply(BLOCKER, "-n", ns)
+        wait_until(
+            "the job Suspended (Preempted)",
+            lambda: (
+                condition(kubectl.json("get", "rlj", case.name, "-n", ns), "Suspended") == "True"
+            ),
+            timeout=60,
+        )
+        wait_until(
+            "every process of the job's pods gone",
+            lambda: not any(case.processes_of(p) for p in case.pod_uids()),
+            timeout=60,
+            interval=0.5,
+        )
+        timings["suspend"] = time.monotonic() - started
+        wait_until(
+            "the job admitted again",
+            lambda: (
+                condition(kubectl.json("get", "rlj", case.name, "-n", ns), "Admitted") == "True"
+            ),
+            timeout=120,
+        )
+        timings["readmit"] = time.monotonic() - started
+        at = case.step()
+        case.wait_step(at + 3)  # trains on from its checkpoint
+        case.stop_now()
+        RECOVERY["Kueue preemption"] = (
+            f"{timings['suspend']:.1f} s to every pod gone, admitted again "
+            f"{timings['readmit']:.1f} s after the urgent pod came (it ran 10 s)"
+        )
+
+    acc = run_case("Kueue preemption", stack, doc, inject)
+    assert timings["suspend"] < 60
+    assert acc.resumes >= 1
+    assert acc.retrained_after_resume + acc.only_rolled_back == 0  # no step was lost
 
 
 def test_a_rollout_pod_killed_mid_generation_loses_no_episode_and_no_sample(

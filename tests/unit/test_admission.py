@@ -6,9 +6,10 @@ from typing import Any, cast
 
 from polyrl.api.base import ConditionType, find_condition
 from polyrl.api.resources import RLJob
-from polyrl.operator import admission
+from polyrl.operator import admission, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.jobpass import JobReconcile
+from polyrl.operator.podinfo import PodInfo
 
 JOB: dict[str, Any] = {
     "metadata": {"name": "math", "namespace": "team", "uid": "u-1"},
@@ -91,3 +92,40 @@ def test_a_user_suspension_starts_a_new_round_so_the_resumed_gang_is_a_new_workl
     assert p.status.queue_round == 1
     resumed = p.job.model_copy(update={"status": p.status})
     assert queueing.gang_name(resumed) == f"{before}-1"
+
+
+def rollout(replica: int, *, deleting: bool = False, ready: bool = True) -> PodInfo:
+    return PodInfo(
+        name=f"g-rollout-{replica}",
+        namespace="team",
+        uid=f"u{replica}",
+        role="rollout",
+        replica=replica,
+        policy="solver",
+        group="g",
+        phase="Running",
+        ready=ready,
+        deleting=deleting,
+        draining=False,
+        drain_started=None,
+        created=f"2026-01-01T00:00:0{replica}Z",
+        spec_hash="h",
+        problem=None,
+    )
+
+
+def test_a_gang_rollout_is_made_again_under_its_own_index_once_the_old_pod_is_gone() -> None:
+    # 2 gang slots, 3 wanted: slot 0 still going away (Kueue evicted it), slot 1 missing
+    pods = [rollout(0, deleting=True), rollout(2)]
+    assert scaling.queued_indices(pods, desired=3, slots=2) == [1]
+    assert scaling.queued_indices([rollout(2)], desired=3, slots=2) == [0, 1]
+    # above the gang: the lowest free indices above its slots
+    assert scaling.queued_indices([rollout(0), rollout(1)], desired=4, slots=2) == [2, 3]
+    assert scaling.queued_indices([rollout(0), rollout(3)], desired=4, slots=1) == [1, 2]
+
+
+def test_scaling_down_a_queued_pool_takes_the_rollouts_above_the_gang_first() -> None:
+    pods = [rollout(0, ready=False), rollout(1), rollout(2), rollout(3)]
+    chosen = scaling.queued_victims(pods, 2, slots=2)
+    assert sorted(p.replica for p in chosen) == [2, 3]  # not-Ready rollout 0 is the gang's
+    assert [p.replica for p in scaling.victims(pods, 1)] == [0]  # unqueued: not-Ready first

@@ -39,6 +39,7 @@ TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 # retriable group's Workload would wait for replacements that never come).
 RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
+FINALIZER = "kueue.x-k8s.io/managed"  # Kueue's on the pods it manages
 MAX_PODSETS = 8  # Kueue v0.17's limit per Workload (its API validation)
 DEFAULT_REQUESTS = {"cpu": "1", "memory": "2Gi"}
 
@@ -67,6 +68,15 @@ def in_gang(job: RLJob, launch: WorkerLaunch) -> bool:
     if policy is None or launch.policy_group != naming.policy_group(job.metadata.name, policy.name):
         return False
     return launch.role != Role.ROLLOUT or launch.replica < policy.rollout.min_replicas
+
+
+def gang_rollouts(job: RLJob, group: str) -> int:
+    """How many of `group`'s first rollout indices are in the gang: the policy's
+    minReplicas for a group the job owns, none for another region's."""
+    for policy in job.spec.policies:
+        if group == naming.policy_group(job.metadata.name, policy.name):
+            return 0 if policy.rollout.served_by else policy.rollout.min_replicas
+    return 0
 
 
 def gang_size(job: RLJob) -> int:

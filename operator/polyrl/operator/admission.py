@@ -53,6 +53,25 @@ async def release(kube: Kube, job: RLJob | None, pods: Sequence[PodInfo]) -> Non
                 await kube.patch_pod(job.metadata.namespace, pod.name, patch)
 
 
+async def let_go(kube: Kube, job: RLJob | None, pods: Sequence[PodInfo]) -> None:
+    """Drop Kueue's finalizer from a queued job's pods that ended while being deleted (Kueue
+    evicted them, or the operator freed them). Kueue keeps an ended pod of a group until a
+    replacement exists, to count it; the operator replaces a pod under the same name (a
+    trainer's rank, a runner's), which cannot exist while the ended one does: without this,
+    neither would ever move."""
+    if job is None or queueing.queue_name(job) is None:
+        return
+    for pod in pods:
+        if pod.deleting and pod.terminal and queueing.FINALIZER in pod.finalizers:
+            at = f"/metadata/finalizers/{pod.finalizers.index(queueing.FINALIZER)}"
+            patch = [  # a JSON patch: a strategic merge patch cannot take from a list
+                {"op": "test", "path": at, "value": queueing.FINALIZER},
+                {"op": "remove", "path": at},
+            ]
+            with contextlib.suppress(ApiException):  # gone, or changed meanwhile: next pass
+                await kube.patch_pod(pod.namespace, pod.name, patch)
+
+
 def update(p: JobReconcile, workload: dict[str, Any] | None, *, queue: str) -> None:
     """Admitted and Suspended from the Workload (None: Kueue has made none yet)."""
     before = find_condition(p.status.conditions, ConditionType.ADMITTED)

@@ -90,6 +90,7 @@ async def _run(p: GroupReconcile, job_body: Mapping[str, Any] | None) -> None:
         why = "the job is suspended" if p.job.spec.suspend else _ended(p.job)
         await _idle(p, Phase.SUSPENDED if p.job.spec.suspend else job_phase, reason, why)
         return
+    await admission.let_go(p.ctx.kube, p.job, p.pods)
     if (too_many := queueing.refusal(p.job)) is not None:
         await _idle(p, Phase.PENDING, "TooManyPodSets", too_many)
         return

@@ -71,7 +71,10 @@ class Kube:
             if err.status not in (404, 409):
                 raise
 
-    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    async def patch_pod(
+        self, namespace: str, name: str, patch: dict[str, Any] | list[dict[str, Any]]
+    ) -> None:
+        """A strategic merge patch (a dict) or a JSON patch (a list of operations)."""
         await self._call("patch", self.core.patch_namespaced_pod, name, namespace, patch)
 
     async def ensure_service(self, body: dict[str, Any]) -> None:

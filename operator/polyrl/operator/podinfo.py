@@ -33,6 +33,7 @@ class PodInfo:
     problem: tuple[str, str] | None  # (reason, message) when the pod cannot run
     exit_code: int | None = None  # of its container, once it terminated
     message: str = ""  # the container's termination message (why it stopped), or the pod's
+    finalizers: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -113,4 +114,5 @@ def from_body(body: Mapping[str, Any]) -> PodInfo:
         problem=_problem(status),
         exit_code=terminated.get("exitCode"),
         message=(terminated.get("message") or status.get("message") or "")[:2048],
+        finalizers=tuple(meta.get("finalizers") or ()),
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from polyrl.api import naming, plan
+from polyrl.api import naming, plan, queueing
 from polyrl.api.base import (
     ConditionStatus,
     ConditionType,
@@ -33,12 +33,18 @@ async def run(p: GroupReconcile, launches: list[WorkerLaunch]) -> None:
     await _finish_drains(p, [x for x in pods if x.draining and not x.deleting and not x.terminal])
     active = [x for x in pods if x.active]
     desired = _desired(p)
+    slots = _gang_slots(p)
     if len(active) > desired:
-        for victim in scaling.victims(active, len(active) - desired):
+        chosen = (
+            scaling.queued_victims(active, len(active) - desired, slots)
+            if slots is not None
+            else scaling.victims(active, len(active) - desired)
+        )
+        for victim in chosen:
             await _start_drain(p, victim, "ScaledDown")
     elif len(active) < desired:
         if scaling.backoff_over(p.status.last_failure_time, p.status.rollout_failures):
-            await _scale_up(p, template, pods, desired - len(active))
+            await _scale_up(p, template, pods, desired - len(active), slots)
     else:
         await _roll_one(p, template, active, pods)
     _rollout_status(p, [x for x in active if x.name not in p.leaving])
@@ -53,6 +59,14 @@ def served_by(p: GroupReconcile) -> str | None:
 
 def _desired(p: GroupReconcile) -> int:
     return 0 if served_by(p) else p.group.spec.rollout.replicas
+
+
+def _gang_slots(p: GroupReconcile) -> int | None:
+    """A queued job's group: how many of its first rollout indices are in the Kueue gang
+    (`polyrl.api.queueing`); None where the job is not queued."""
+    if p.job is None or queueing.queue_name(p.job) is None:
+        return None
+    return queueing.gang_rollouts(p.job, p.name)
 
 
 def _template(p: GroupReconcile) -> WorkerLaunch:
@@ -85,11 +99,20 @@ async def _replace_terminal(p: GroupReconcile, pods: list[PodInfo]) -> None:
 
 
 async def _scale_up(
-    p: GroupReconcile, template: WorkerLaunch, pods: list[PodInfo], count: int
+    p: GroupReconcile,
+    template: WorkerLaunch,
+    pods: list[PodInfo],
+    count: int,
+    slots: int | None = None,
 ) -> None:
     used = [x.replica for x in pods if x.name not in p.leaving or not x.terminal]
+    if slots is None:
+        indices = scaling.free_indices(used, count)
+    else:
+        staying = [x for x in pods if x.name not in p.leaving or not x.terminal]
+        indices = scaling.queued_indices(staying, _desired(p), slots)
     made = 0
-    for replica in scaling.free_indices(used, count):
+    for replica in indices:
         if await p.ctx.kube.create_pod(_rollout_body(p, template, replica)):
             made += 1
     p.created += count

@@ -31,6 +31,7 @@ async def free(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
 
 async def run(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
     runners = [x for x in pods if x.role == "workflow"]
+    await admission.let_go(p.ctx.kube, p.job, runners)
     if p.job.spec.suspend or queueing.refusal(p.job) is not None:
         await free(p, runners)
         return

@@ -30,6 +30,29 @@ def _neg(stamp: str) -> tuple[int, ...]:
     return tuple(-ord(ch) for ch in stamp)
 
 
+def queued_victims(active: Sequence[PodInfo], count: int, slots: int) -> list[PodInfo]:
+    """As `victims`, for a pool whose first `slots` indices belong to a Kueue gang: pods
+    above them go first, so the gang keeps its members (admitted together, they are never
+    the ones scaled away while others remain)."""
+    elastic = [p for p in active if p.replica >= slots]
+    chosen = victims(elastic, count)
+    return chosen + victims([p for p in active if p.replica < slots], count - len(chosen))
+
+
+def queued_indices(pods: Sequence[PodInfo], desired: int, slots: int) -> list[int]:
+    """The indices to create for a pool whose first `slots` indices belong to a Kueue gang:
+    a missing gang index is made again under its own index (so its pod rejoins the gang),
+    and waited for while the pod that held it is still going away (another index would
+    make it a Workload of its own while the gang lacked a member); the rest fill the lowest
+    free indices above the gang's."""
+    held = {p.replica for p in pods}
+    active = [p for p in pods if p.active]
+    gang = [i for i in range(min(slots, desired)) if i not in held]
+    wanted = max(0, desired - slots) - len([p for p in active if p.replica >= slots])
+    above = [i + slots for i in free_indices((r - slots for r in held if r >= slots), wanted)]
+    return gang + above
+
+
 def free_indices(used: Iterable[int], count: int) -> list[int]:
     taken, i = set(used), 0
     found: list[int] = []
