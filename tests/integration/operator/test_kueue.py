@@ -17,12 +17,14 @@ from .helpers import apply, job_doc, live, pods, reasons, wait_condition
 pytestmark = pytest.mark.kueue
 
 
-def queues(namespace: str, *, cpu: int) -> str:
-    """A flavor, a ClusterQueue with `cpu` cores of quota for `namespace`, its LocalQueue."""
+def queues(namespace: str, *, cpu: int, flavor: str = "default-flavor", nodes: str = "{}") -> str:
+    """A flavor (its node labels `nodes`), a ClusterQueue with `cpu` cores of quota for
+    `namespace`, its LocalQueue."""
     return f"""
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
-metadata: {{name: default-flavor}}
+metadata: {{name: {flavor}}}
+spec: {{nodeLabels: {nodes}}}
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ClusterQueue
@@ -33,7 +35,7 @@ spec:
   resourceGroups:
   - coveredResources: [cpu, memory]
     flavors:
-    - name: default-flavor
+    - name: {flavor}
       resources:
       - {{name: cpu, nominalQuota: {cpu}}}
       - {{name: memory, nominalQuota: 16Gi}}
@@ -151,7 +153,8 @@ def test_a_queued_job_starts_no_pod_before_its_gang_is_admitted_whole_and_waits_
     kubectl: Kubectl, queued_ns: str
 ) -> None:
     ns = queued_ns
-    kubectl.apply(queues(ns, cpu=4))
+    local = "{topology.kubernetes.io/region: local}"  # the flavor: polyrl-node-0's region
+    kubectl.apply(queues(ns, cpu=4, flavor="local-flavor", nodes=local))
     apply(kubectl, ns, queued_job("first"))
     wait_condition(kubectl, ns, "rljob", "first", "Admitted", "Admitted", timeout=60)
     wait_until("the first job's gang scheduled", lambda: all_scheduled(kubectl, ns, "first", 3))
@@ -161,6 +164,9 @@ def test_a_queued_job_starts_no_pod_before_its_gang_is_admitted_whole_and_waits_
         p["spec"]["containers"][0]["resources"]["requests"] == queueing.DEFAULT_REQUESTS
         for p in gang
     )
+    for pod in gang:  # the admitted flavor's node labels land on the pods
+        assert pod["spec"]["nodeSelector"]["topology.kubernetes.io/region"] == "local"
+        assert pod["spec"]["nodeName"] == "polyrl-node-0"
 
     apply(kubectl, ns, queued_job("second"))  # 3 more CPUs: 1 is left
     job = wait_condition(kubectl, ns, "rljob", "second", "Admitted", "Pending", timeout=60)
