@@ -45,7 +45,7 @@ from polyrl.local.natsserver import NatsServer
 from polyrl.testing import ledger
 from polyrl.testing.cluster import Cluster
 from polyrl.testing.kube import Kubectl, condition
-from polyrl.testing.kueue import MANAGED_LABEL, Kueue
+from polyrl.testing.kueue import MANAGED_LABEL, Kueue, queues
 from polyrl.testing.operatorprocess import OperatorProcess
 from polyrl.testing.waiting import wait_until
 from polyrl.workers.weightsync.chain import delta_name
@@ -314,40 +314,16 @@ def run_case(
     return acc
 
 
-PREEMPTION_QUEUES = """
+PRIORITIES = """
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: WorkloadPriorityClass
-metadata: {{name: polyrl-low}}
+metadata: {name: polyrl-low}
 value: 10
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: WorkloadPriorityClass
-metadata: {{name: polyrl-high}}
+metadata: {name: polyrl-high}
 value: 1000
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {{name: default-flavor}}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {{name: cq-{ns}}}
-spec:
-  namespaceSelector:
-    matchLabels: {{kubernetes.io/metadata.name: {ns}}}
-  preemption: {{withinClusterQueue: LowerPriority}}
-  resourceGroups:
-  - coveredResources: [cpu, memory]
-    flavors:
-    - name: default-flavor
-      resources:
-      - {{name: cpu, nominalQuota: 4}}
-      - {{name: memory, nominalQuota: 64Gi}}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {{namespace: {ns}, name: work}}
-spec: {{clusterQueue: cq-{ns}}}
 """
 
 BLOCKER = """
@@ -378,7 +354,7 @@ def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
     the job is admitted again and resumes from the checkpoint at the step it stopped."""
     kubectl, ns = stack.kubectl, stack.ns
     kubectl("label", "namespace", ns, f"{MANAGED_LABEL}=true")
-    kubectl.apply(PREEMPTION_QUEUES.format(ns=ns))
+    kubectl.apply(PRIORITIES + "---" + queues(ns, cpu=4, preemption=True))
     doc = job("preempt")  # until stopped: a tiny model runs 12 steps in a second
     doc["metadata"]["labels"] = {QUEUE_LABEL: "work", PRIORITY_LABEL: "polyrl-low"}
     doc["spec"]["policies"][0]["rollout"]["minReplicas"] = 2

@@ -290,3 +290,43 @@ def _ready(url: str) -> bool:
             return bool(resp.status == 200)
     except urllib.error.HTTPError:
         return False
+
+
+def queues(
+    namespace: str,
+    *,
+    cpu: int,
+    memory: str = "64Gi",
+    flavor: str = "default-flavor",
+    node_labels: str = "{}",
+    preemption: bool = False,
+) -> str:
+    """Manifests for one namespace's quota: a ResourceFlavor (its node labels, as YAML), a
+    ClusterQueue `cq-<namespace>` with `cpu` cores and `memory` (preempting lower priorities
+    where asked) serving only that namespace, and the LocalQueue `work` in it."""
+    preempt = "\n  preemption: {withinClusterQueue: LowerPriority}" if preemption else ""
+    return f"""
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {{name: {flavor}}}
+spec: {{nodeLabels: {node_labels}}}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {{name: cq-{namespace}}}
+spec:
+  namespaceSelector:
+    matchLabels: {{kubernetes.io/metadata.name: {namespace}}}{preempt}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: {flavor}
+      resources:
+      - {{name: cpu, nominalQuota: {cpu}}}
+      - {{name: memory, nominalQuota: {memory}}}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {{namespace: {namespace}, name: work}}
+spec: {{clusterQueue: cq-{namespace}}}
+"""

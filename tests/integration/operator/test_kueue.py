@@ -9,42 +9,12 @@ import pytest
 
 from polyrl.api import queueing
 from polyrl.testing.kube import Kubectl
-from polyrl.testing.kueue import MANAGED_LABEL, Kueue
+from polyrl.testing.kueue import MANAGED_LABEL, Kueue, queues
 from polyrl.testing.waiting import wait_until
 
 from .helpers import apply, job_doc, live, pods, reasons, wait_condition
 
 pytestmark = pytest.mark.kueue
-
-
-def queues(namespace: str, *, cpu: int, flavor: str = "default-flavor", nodes: str = "{}") -> str:
-    """A flavor (its node labels `nodes`), a ClusterQueue with `cpu` cores of quota for
-    `namespace`, its LocalQueue."""
-    return f"""
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {{name: {flavor}}}
-spec: {{nodeLabels: {nodes}}}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {{name: cq-{namespace}}}
-spec:
-  namespaceSelector:
-    matchLabels: {{kubernetes.io/metadata.name: {namespace}}}
-  resourceGroups:
-  - coveredResources: [cpu, memory]
-    flavors:
-    - name: {flavor}
-      resources:
-      - {{name: cpu, nominalQuota: {cpu}}}
-      - {{name: memory, nominalQuota: 16Gi}}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {{namespace: {namespace}, name: work}}
-spec: {{clusterQueue: cq-{namespace}}}
-"""
 
 
 def pod_group(name: str, size: int, *, cpu: str, seconds: int = 3600) -> str:
@@ -154,7 +124,7 @@ def test_a_queued_job_starts_no_pod_before_its_gang_is_admitted_whole_and_waits_
 ) -> None:
     ns = queued_ns
     local = "{topology.kubernetes.io/region: local}"  # the flavor: polyrl-node-0's region
-    kubectl.apply(queues(ns, cpu=4, flavor="local-flavor", nodes=local))
+    kubectl.apply(queues(ns, cpu=4, flavor="local-flavor", node_labels=local))
     apply(kubectl, ns, queued_job("first"))
     wait_condition(kubectl, ns, "rljob", "first", "Admitted", "Admitted", timeout=60)
     wait_until("the first job's gang scheduled", lambda: all_scheduled(kubectl, ns, "first", 3))
