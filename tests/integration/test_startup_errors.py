@@ -51,6 +51,7 @@ def test_a_failed_build_names_its_step_and_log_and_leaves_no_half_built_cache(
         **os.environ,
         "POLYRL_K8S_VERSION": "v1.36.3",
         "POLYRL_HELM_VERSION": "v3.19.5",
+        "POLYRL_KUEUE_VERSION": "v0.17.0",
         "POLYRL_ETCD_VERSION": "v3.0.999-does-not-exist",
         "POLYRL_TOOLS_DIR": str(tools_dir),
         "POLYRL_LOGS_DIR": str(logs),
