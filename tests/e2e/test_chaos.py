@@ -395,6 +395,8 @@ def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
         )
 
     acc = run_case("Kueue preemption", stack, doc, inject)
+    group = stack.kubectl.json("get", "pg", "preempt-solver", "-n", ns)["status"]
+    assert group.get("trainerRestarts", 0) == 0  # a preemption is no failure of the trainer
     assert timings["suspend"] < 60
     assert acc.resumes >= 1
     assert acc.retrained_after_resume + acc.only_rolled_back == 0  # no step was lost

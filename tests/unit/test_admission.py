@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from polyrl.api.base import ConditionType, find_condition
 from polyrl.api.resources import RLJob
-from polyrl.operator import admission, scaling
+from polyrl.operator import admission, podinfo, scaling
 from polyrl.operator.context import Context
 from polyrl.operator.jobpass import JobReconcile
 from polyrl.operator.podinfo import PodInfo
@@ -129,3 +129,15 @@ def test_scaling_down_a_queued_pool_takes_the_rollouts_above_the_gang_first() ->
     chosen = scaling.queued_victims(pods, 2, slots=2)
     assert sorted(p.replica for p in chosen) == [2, 3]  # not-Ready rollout 0 is the gang's
     assert [p.replica for p in scaling.victims(pods, 1)] == [0]  # unqueued: not-Ready first
+
+
+def test_a_pod_kueue_stopped_says_so_and_others_do_not() -> None:
+    body: dict[str, Any] = {
+        "metadata": {"name": "t", "namespace": "n", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert not podinfo.from_body(body).stopped_by_queue
+    body["status"]["conditions"].append(
+        {"type": "TerminationTarget", "status": "True", "reason": "Preempted"}
+    )
+    assert podinfo.from_body(body).stopped_by_queue

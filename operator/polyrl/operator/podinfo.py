@@ -34,6 +34,8 @@ class PodInfo:
     exit_code: int | None = None  # of its container, once it terminated
     message: str = ""  # the container's termination message (why it stopped), or the pod's
     finalizers: tuple[str, ...] = ()
+    # Kueue stopped it (preempted, suspended by the queue): not a failure of the pod
+    stopped_by_queue: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -58,6 +60,9 @@ class PodInfo:
     def active(self) -> bool:
         """Counts toward replicas: alive, not leaving."""
         return not (self.terminal or self.deleting or self.draining)
+
+
+QUEUE_STOPPED = "TerminationTarget"  # the pod condition Kueue sets on a pod it stops
 
 
 def _problem(status: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -115,4 +120,8 @@ def from_body(body: Mapping[str, Any]) -> PodInfo:
         exit_code=terminated.get("exitCode"),
         message=(terminated.get("message") or status.get("message") or "")[:2048],
         finalizers=tuple(meta.get("finalizers") or ()),
+        stopped_by_queue=any(
+            c.get("type") == QUEUE_STOPPED and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ),
     )

@@ -83,10 +83,14 @@ async def run(p: GroupReconcile, policy: PolicySpec, launches: list[WorkerLaunch
 
 def _lost_trainer_pods(p: GroupReconcile, pods: list[PodInfo], wanted: int) -> list[str]:
     """Trainer pods that were running at the last pass and are now gone or going, though
-    the operator did not delete them (a `kubectl delete pod`, an eviction, a lost node)."""
+    the operator did not delete them (a `kubectl delete pod`, an eviction, a lost node).
+    Pods Kueue stopped (a preemption) are not lost: the gang waits to be admitted again,
+    and that costs no restart of the trainer's restartLimit."""
     if not p.group.status.trainer_pods:
         return []  # nothing was running (or the operator itself took it down last pass)
-    going = [x.name for x in pods if x.deleting]
+    going = [x.name for x in pods if x.deleting and not x.stopped_by_queue]
+    if not going and any(x.stopped_by_queue for x in pods):
+        return []
     missing = wanted - len(pods)
     return going + (["(gone)"] * missing if missing > 0 else [])
 
