@@ -141,3 +141,13 @@ def test_a_pod_kueue_stopped_says_so_and_others_do_not() -> None:
         {"type": "TerminationTarget", "status": "True", "reason": "Preempted"}
     )
     assert podinfo.from_body(body).stopped_by_queue
+
+
+def test_a_workload_kueue_has_not_looked_at_yet_is_queued_not_pending() -> None:
+    p = reconcile()
+    admission.update(p, workload(), queue="q")
+    assert said(p, ConditionType.ADMITTED) == (
+        "False",
+        "Queued",
+        "waiting in LocalQueue q for Kueue to consider it",
+    )

@@ -103,11 +103,13 @@ def _from_workload(p: JobReconcile, workload: dict[str, Any], *, queue: str) -> 
     if admitted.get("status") == "True":
         p.condition(ConditionType.ADMITTED, True, admitted.get("reason") or "Admitted",
                     admitted.get("message", ""))  # fmt: skip
-    else:
-        quota = said.get("QuotaReserved") or admitted
+    elif (quota := said.get("QuotaReserved")) is not None:
         reason = quota.get("reason") or "Pending"
         message = quota.get("message") or f"waiting in LocalQueue {queue}"
         p.condition(ConditionType.ADMITTED, False, reason, message)
+    else:  # made, not yet looked at by Kueue's scheduler
+        message = f"waiting in LocalQueue {queue} for Kueue to consider it"
+        p.condition(ConditionType.ADMITTED, False, "Queued", message)
     evicted = said.get("Evicted", {})
     if not p.job.spec.suspend:
         if evicted.get("status") == "True" and admitted.get("status") != "True":
