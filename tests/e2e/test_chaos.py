@@ -326,63 +326,57 @@ metadata: {name: polyrl-high}
 value: 1000
 """
 
-BLOCKER = """
-apiVersion: v1
-kind: Pod
-metadata:
-  name: urgent
-  labels: {kueue.x-k8s.io/queue-name: work, kueue.x-k8s.io/priority-class: polyrl-high}
-spec:
-  restartPolicy: Never
-  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
-  containers:
-  - name: main
-    image: polyrl/idle
-    command: [sleep, "10"]
-    resources: {requests: {cpu: "3", memory: 64Mi}}
-    securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
-"""
-
 
 @pytest.mark.kueue
 def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
     stack: Stack, kueue: Kueue
 ) -> None:
     """A low-priority job's gang (runner, trainer, 2 rollouts: 4 CPUs, the whole quota) is
-    preempted by a 3-CPU pod of higher priority: Kueue deletes its pods (the trainer saves on
-    SIGTERM), the operator makes them again behind the gate, and once the urgent pod is done
-    the job is admitted again and resumes from the checkpoint at the step it stopped."""
+    preempted by a job of higher priority (3 CPUs): Kueue deletes its pods (the trainer saves
+    on SIGTERM), the operator makes them again behind the gate, the job waits while the other
+    runs, and once that one finishes it is admitted again and resumes from the checkpoint at
+    the step it stopped."""
     kubectl, ns = stack.kubectl, stack.ns
     kubectl("label", "namespace", ns, f"{MANAGED_LABEL}=true")
     kubectl.apply(PRIORITIES + "---" + queues(ns, cpu=4, preemption=True))
     doc = job("preempt")  # until stopped: a tiny model runs 12 steps in a second
     doc["metadata"]["labels"] = {QUEUE_LABEL: "work", PRIORITY_LABEL: "polyrl-low"}
     doc["spec"]["policies"][0]["rollout"]["minReplicas"] = 2
+    urgent = job("urgent", steps=3, replicas=1)  # runner, trainer, 1 rollout: 3 CPUs
+    urgent["metadata"]["labels"] = {QUEUE_LABEL: "work", PRIORITY_LABEL: "polyrl-high"}
+    urgent["spec"]["policies"][0]["rollout"]["minReplicas"] = 1
     timings: dict[str, float] = {}
+
+    def said(name: str, kind: str) -> str | None:
+        return condition(kubectl.json("get", "rlj", name, "-n", ns), kind)
 
     def inject(case: Case) -> None:
         case.wait_step(3)
         started = time.monotonic()
-        kubectl.apply(BLOCKER, "-n", ns)
+        kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(urgent))
         wait_until(
             "the job Suspended (Preempted)",
-            lambda: (
-                condition(kubectl.json("get", "rlj", case.name, "-n", ns), "Suspended") == "True"
-            ),
+            lambda: said(case.name, "Suspended") == "True",
             timeout=60,
         )
+        evicted = time.monotonic()
+        timings["evicted"] = evicted - started  # the operator made its pods; Kueue preempted
         wait_until(
             "every process of the job's pods gone",
             lambda: not any(case.processes_of(p) for p in case.pod_uids()),
             timeout=60,
             interval=0.5,
         )
-        timings["suspend"] = time.monotonic() - started
+        timings["suspend"] = time.monotonic() - evicted
         wait_until(
-            "the job admitted again",
-            lambda: (
-                condition(kubectl.json("get", "rlj", case.name, "-n", ns), "Admitted") == "True"
-            ),
+            "the urgent job admitted", lambda: said("urgent", "Admitted") == "True", timeout=60
+        )
+        assert said(case.name, "Admitted") == "False"  # it waits while the urgent one runs
+        Case(kubectl, ns, "urgent", case.logs, stack.nats_server).finish()
+        timings["urgent"] = time.monotonic() - started
+        wait_until(
+            "the job admitted again once the urgent one finished",
+            lambda: said(case.name, "Admitted") == "True",
             timeout=120,
         )
         timings["readmit"] = time.monotonic() - started
@@ -390,14 +384,17 @@ def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
         case.wait_step(at + 3)  # trains on from its checkpoint
         case.stop_now()
         RECOVERY["Kueue preemption"] = (
-            f"{timings['suspend']:.1f} s to every pod gone, admitted again "
-            f"{timings['readmit']:.1f} s after the urgent pod came (it ran 10 s)"
+            f"evicted {timings['evicted']:.1f} s after a job of higher priority was applied, "
+            f"every pod gone {timings['suspend']:.1f} s later; admitted again at "
+            f"{timings['readmit']:.1f} s (the other job ran 3 steps, done at "
+            f"{timings['urgent']:.1f} s)"
         )
 
     acc = run_case("Kueue preemption", stack, doc, inject)
     group = stack.kubectl.json("get", "pg", "preempt-solver", "-n", ns)["status"]
     assert group.get("trainerRestarts", 0) == 0  # a preemption is no failure of the trainer
     assert timings["suspend"] < 60
+    assert timings["urgent"] < timings["readmit"]
     assert acc.resumes >= 1
     assert acc.retrained_after_resume + acc.only_rolled_back == 0  # no step was lost
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from polyrl.api import queueing
 from polyrl.api.base import ConditionType, find_condition
 from polyrl.api.resources import RLJob
 from polyrl.operator import admission, podinfo, scaling
@@ -73,6 +74,28 @@ def test_an_evicted_job_is_suspended_with_kueues_reason_and_warned_about() -> No
     assert p.events[-1][0] == "Warning"
 
 
+def test_a_job_is_suspended_as_soon_as_kueue_evicts_it_while_its_pods_still_stop() -> None:
+    """Kueue keeps the admission (and the quota) until the evicted pods are gone: the job
+    says Suspended from the eviction on, and that its pods are stopping."""
+    p = reconcile()
+    stopping = workload(
+        QuotaReserved=("True", "QuotaReserved", "cq"),
+        Admitted=("True", "Admitted", "by cq"),
+        Evicted=("True", "PodsReadyTimeout", "Exceeded the PodsReady timeout team/math"),
+    )
+    admission.update(p, stopping, queue="q")
+    status, reason, message = said(p, ConditionType.SUSPENDED)
+    assert (status, reason) == ("True", "PodsReadyTimeout")
+    assert message.endswith("its pods are stopping")
+    readmitted = workload(  # Kueue resets Evicted when it reserves quota again
+        QuotaReserved=("True", "QuotaReserved", "cq"),
+        Admitted=("True", "Admitted", "by cq"),
+        Evicted=("False", "QuotaReserved", "Previously: Exceeded the PodsReady timeout"),
+    )
+    admission.update(p, readmitted, queue="q")
+    assert said(p, ConditionType.SUSPENDED)[:2] == ("False", "Running")
+
+
 def test_a_user_suspension_and_a_missing_workload_each_say_what_they_are() -> None:
     p = reconcile(suspend=True)
     admission.update(p, None, queue="team-queue")
@@ -83,8 +106,6 @@ def test_a_user_suspension_and_a_missing_workload_each_say_what_they_are() -> No
 
 
 def test_a_user_suspension_starts_a_new_round_so_the_resumed_gang_is_a_new_workload() -> None:
-    from polyrl.api import queueing
-
     p = reconcile(suspend=True)
     before = queueing.gang_name(p.job)
     admission.update(p, None, queue="q")

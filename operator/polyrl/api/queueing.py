@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polyrl.api import naming
+from polyrl.api import naming, plan
+from polyrl.api.base import Resources
 from polyrl.api.launch import Role, WorkerLaunch
 from polyrl.api.resources import RLJob
 
@@ -67,7 +68,7 @@ def in_gang(job: RLJob, launch: WorkerLaunch) -> bool:
     policy = job.spec.policy(launch.policy or "")
     if policy is None or launch.policy_group != naming.policy_group(job.metadata.name, policy.name):
         return False
-    return launch.role != Role.ROLLOUT or launch.replica < policy.rollout.min_replicas
+    return launch.role != Role.ROLLOUT or launch.replica < gang_rollouts(job, launch.policy_group)
 
 
 def gang_rollouts(job: RLJob, group: str) -> int:
@@ -108,8 +109,6 @@ def with_default_requests(job: RLJob, launch: WorkerLaunch) -> WorkerLaunch:
     """A queued pod without requests asks for DEFAULT_REQUESTS, so its quota binds."""
     if queue_name(job) is None or (launch.resources and launch.resources.requests):
         return launch
-    from polyrl.api.base import Resources
-
     limits = launch.resources.limits if launch.resources else {}
     resources = Resources(requests=dict(DEFAULT_REQUESTS), limits=limits)
     return launch.model_copy(update={"resources": resources})
@@ -140,8 +139,6 @@ def refusal(job: RLJob) -> str | None:
     None. The operator starts none of a refused job's pods."""
     if queue_name(job) is None:
         return None
-    from polyrl.api import plan
-
     launches = [
         with_default_requests(job, x)
         for x in plan.plan(job, nats_url="nats://unused").launches

@@ -112,8 +112,11 @@ def _from_workload(p: JobReconcile, workload: dict[str, Any], *, queue: str) -> 
         p.condition(ConditionType.ADMITTED, False, "Queued", message)
     evicted = said.get("Evicted", {})
     if not p.job.spec.suspend:
-        if evicted.get("status") == "True" and admitted.get("status") != "True":
+        # Evicted from the moment Kueue decides (admission, and its quota, stay until the
+        # pods are gone); Kueue clears it when it reserves quota again.
+        if evicted.get("status") == "True":
+            stopping = "; its pods are stopping" if admitted.get("status") == "True" else ""
             p.condition(ConditionType.SUSPENDED, True, evicted.get("reason") or "Evicted",
-                        evicted.get("message", ""))  # fmt: skip
+                        evicted.get("message", "") + stopping)  # fmt: skip
         else:
             p.condition(ConditionType.SUSPENDED, False, "Running", "not suspended")

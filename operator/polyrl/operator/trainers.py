@@ -130,12 +130,13 @@ def _trainer_status(p: GroupReconcile, pods: list[PodInfo], wanted: int, *, fail
     elif p.status.phase == Phase.FAILED or failed or p.leaving & {x.name for x in pods}:
         return  # said where it failed, or is restarting
     elif len(running) < wanted:
-        p.condition(
-            ConditionType.TRAINER_HEALTHY,
-            False,
-            "Starting",
-            f"{len(running)}/{wanted} trainer pods running",
-        )
+        # A pod that cannot start says why (unschedulable, its image, Kueue's gate).
+        stuck = next((x for x in pods if x.problem and not x.deleting), None)
+        reason, why = stuck.problem if stuck and stuck.problem else ("Starting", "")
+        message = f"{len(running)}/{wanted} trainer pods running"
+        if stuck is not None:
+            message += f"; {stuck.name}: {why or reason}"
+        p.condition(ConditionType.TRAINER_HEALTHY, False, reason, message)
     elif len(ready) < wanted:
         p.condition(
             ConditionType.TRAINER_HEALTHY,

@@ -109,6 +109,13 @@ class Kueue:
             processes.stop(self.proc)
             self.proc = None
 
+    def restart(self, *, wait_for_pods_ready: dict[str, Any] | None = None) -> None:
+        """Start again with another `waitForPodsReady` (Kueue reads it once, at start-up,
+        for all its queues). Its objects stay: admitted Workloads stay admitted."""
+        self.stop()
+        self.wait_for_pods_ready = wait_for_pods_ready
+        self.start()
+
     def _bundle(self) -> str:
         return base64.b64encode(self.ca.cert.read_bytes()).decode()
 
@@ -170,7 +177,6 @@ class Kueue:
         self._wait("kueue: wait for its webhooks to answer the API server", answers)
 
     def _wait(self, step: str, ready: Any) -> None:
-        assert self.proc is not None or step.startswith("kueue: wait for /")
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc is not None and not self.proc.alive():

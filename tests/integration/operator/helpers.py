@@ -102,6 +102,12 @@ def find(kubectl: Kubectl, ns: str, kind: str, name: str) -> dict[str, Any] | No
     return result
 
 
+def condition_of(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next(
+        (c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == kind), None
+    )
+
+
 def wait_condition(
     kubectl: Kubectl, ns: str, kind: str, name: str, kind_: str, reason: str, timeout: float = 30
 ) -> dict[str, Any]:

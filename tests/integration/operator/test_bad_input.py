@@ -22,7 +22,17 @@ from polyrl.testing.kube import Kubectl, condition
 from polyrl.testing.operatorprocess import REAL_WORKERS, OperatorProcess
 from polyrl.testing.waiting import wait_until
 
-from .helpers import REPO, apply, events, find, get, job_doc, reasons, two_more_passes
+from .helpers import (
+    REPO,
+    apply,
+    condition_of,
+    events,
+    find,
+    get,
+    job_doc,
+    reasons,
+    two_more_passes,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -49,12 +59,6 @@ def bad_job(name: str, case: str) -> dict[str, Any]:
     elif case == "model":
         spec["policies"][0]["model"]["path"] = "/does/not/exist"
     return dict(doc)
-
-
-def condition_of(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next(
-        (c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == kind), None
-    )
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ the API server on loopback, admitting pod groups against a ClusterQueue's quota.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from polyrl.testing.kube import Kubectl
 from polyrl.testing.kueue import MANAGED_LABEL, Kueue, queues
 from polyrl.testing.waiting import wait_until
 
-from .helpers import apply, job_doc, live, pods, reasons, wait_condition
+from .helpers import apply, condition_of, job_doc, live, pods, reasons, wait_condition
 
 pytestmark = pytest.mark.kueue
 
@@ -178,3 +179,64 @@ def test_rollouts_above_the_minimum_are_admitted_one_by_one_within_quota(
         lambda: len(live(pods(kubectl, ns, rollouts))) == 1,
         timeout=60,
     )
+
+
+# A start-up deadline short enough for a test: 8 s to all pods ready, one re-queue 1 s later,
+# then the Workload is deactivated.
+PODS_READY = {
+    "timeout": "8s",
+    "requeuingStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": 1, "backoffMaxSeconds": 2},
+}
+
+
+@pytest.fixture
+def pods_ready_deadline(kueue: Kueue) -> Iterator[Kueue]:
+    """Kueue with `waitForPodsReady` (PODS_READY) for one test, then as it was."""
+    kueue.restart(wait_for_pods_ready=PODS_READY)
+    try:
+        yield kueue
+    finally:
+        kueue.restart(wait_for_pods_ready=None)
+
+
+def test_a_trainer_gang_that_cannot_start_is_evicted_at_kueues_deadline_and_says_why(
+    kubectl: Kubectl, queued_ns: str, pods_ready_deadline: Kueue
+) -> None:
+    """The trainer asks for nodes no node matches: Kueue admits the gang (quota fits), the
+    trainer pod stays unschedulable, and once waitForPodsReady's timeout passes Kueue evicts
+    the gang, re-queues it once and then deactivates it. The PolicyGroup says why the trainer
+    does not start; the job says what Kueue did."""
+    ns = queued_ns
+    kubectl.apply(queues(ns, cpu=4))
+    doc = queued_job("stuck")
+    doc["spec"]["policies"][0]["trainer"] = {"nodeSelector": {"polyrl.dev/accelerator": "none"}}
+    apply(kubectl, ns, doc)
+    wait_condition(kubectl, ns, "rljob", "stuck", "Admitted", "Admitted", timeout=60)
+    group = wait_condition(kubectl, ns, "pg", "stuck-solver", "TrainerHealthy", "Unschedulable")
+    said = condition_of(group, "TrainerHealthy") or {}
+    assert said["status"] == "False"
+    assert "stuck-solver-trainer-0" in said["message"]
+    assert "node" in said["message"]  # the scheduler's words: no node matches its selector
+
+    job = wait_condition(kubectl, ns, "rljob", "stuck", "Suspended", "PodsReadyTimeout")
+    assert "PodsReady timeout" in (condition_of(job, "Suspended") or {})["message"]
+    wait_until(  # once its pods are gone, Kueue takes the admission (and quota) back
+        "the job no longer admitted",
+        lambda: (
+            (condition_of(kubectl.json("get", "rljob", "stuck", "-n", ns), "Admitted") or {}).get(
+                "status"
+            )
+            == "False"
+        ),
+    )
+    wait_until("an event", lambda: "WaitingForAdmission" in reasons(kubectl, ns, "stuck"))
+
+    def deactivated() -> dict[str, Any] | None:
+        found = kubectl.json("get", "rljob", "stuck", "-n", ns)
+        said = condition_of(found, "Suspended") or {}
+        return found if "re-queuing" in said.get("message", "") else None
+
+    job = wait_until("Kueue deactivates the gang after its one re-queue", deactivated, timeout=60)
+    assert (condition_of(job, "Suspended") or {})["status"] == "True"
+    held = job_pods(kubectl, ns, "stuck")
+    assert all(gated(p) for p in held)  # made again, behind the gate, and held there

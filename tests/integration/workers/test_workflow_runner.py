@@ -655,3 +655,42 @@ async def test_a_runner_replacing_one_of_the_same_name_sends_requests_the_queue_
     finally:
         await natsconfig.remove(js, names, ["solver", "verifier"])
         await nc.close()
+
+
+async def test_a_stopping_runner_waits_for_its_episodes_only_while_generation_replies_come(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """No rollout worker answers (the whole job is stopping, as on a Kueue eviction): the
+    runner gives up on its episodes once no reply came for `drain_quiet`, long before its
+    `drain_timeout`, and sends nothing of them."""
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single")
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await natsconfig.ensure(js, names, ["solver", "verifier"])
+    for policy in ("solver", "verifier"):  # announced weights: the runner asks for samples
+        await publish_policy(js, names, policy, tmp_path)
+    config = WorkerConfig(
+        namespace="t", job=names.job, role=Role.WORKFLOW, nats_url=nats_server.url, spec=job
+    )
+    rt = await Runtime.connect(config, "workflow-0")
+    runner = runner_main.build_workflow(rt)
+    runner.drain_timeout, runner.drain_quiet = 120.0, 1.0
+    running = asyncio.create_task(runner.run())
+    try:
+
+        async def asked() -> bool:
+            return bool(runner.generation.waiting)
+
+        await wait_until_async("requests waiting for replies", asked, timeout=60)
+        rt.stopping.set()
+        clock = asyncio.get_running_loop().time
+        began = clock()
+        await asyncio.wait_for(running, timeout=60)  # not drain_timeout's 120 s
+        took = clock() - began
+    finally:
+        await rt.close()
+        await natsconfig.remove(js, names, ["solver", "verifier"])
+        await nc.close()
+    assert took >= runner.drain_quiet  # it did wait for replies, that long
+    assert runner.episodes == 0

@@ -51,6 +51,7 @@ class GenerationClient:
         self.inbox = f"{rt.names.prefix}.replies.{rt.pod}"
         self.waiting: dict[str, asyncio.Future[GenerationResponse]] = {}
         self.counter = itertools.count()
+        self.replies = 0  # replies received: a drain asks whether any still come
         # Request ids are message ids the request stream deduplicates for two minutes: a runner
         # that replaces a killed one under the same pod name must not reuse its ids.
         self.boot = uuid.uuid4().hex[:8]
@@ -127,4 +128,5 @@ class GenerationClient:
             ) from err
 
     async def _on_reply(self, msg: Msg) -> None:
+        self.replies += 1
         await self.rt.resolve_reply(msg, self.waiting)

@@ -5,8 +5,9 @@ runner itself is that loop and its end; each thing an episode needs is a part of
 generation client (`generation`: requests out, replies in), what is known of the trainers
 (`trainers`), when an episode or request may go (`admission`), and the trajectories sent and
 counted (`emission`). On SIGTERM no new episode starts; those in flight get `drain_timeout` to
-finish, and whatever they had not emitted is simply not sent, so no half-written episode
-reaches a trainer.
+finish (less once nothing has come back for `drain_quiet`: the rollouts are going too), and
+whatever they had not emitted is simply not sent, so no half-written episode reaches a
+trainer.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ class WorkflowRunner:
         request_timeout: float = 120.0,
         retries: int = 3,
         drain_timeout: float = 20.0,
+        drain_quiet: float = 5.0,
     ) -> None:
         self.rt = rt
         self.workflow = workflow
         self.task = task
         self.concurrency = concurrency
         self.drain_timeout = drain_timeout
+        self.drain_quiet = drain_quiet
         self.fatal: Exception | None = None  # why the runner stopped by itself
         self.in_episode: set[int] = set()  # loops running an episode right now
         async_mode = rt.config.spec.algorithm.mode != Mode.SYNC
@@ -87,7 +90,7 @@ class WorkflowRunner:
         for index, task in enumerate(loops):  # not in an episode (sync mode's gate): stop now
             if index not in self.in_episode:
                 task.cancel()
-        _, pending = await asyncio.wait(loops, timeout=self.drain_timeout)
+        pending = await self._drain(loops)
         for task in pending:
             task.cancel()
         if isinstance(self.workflow, Reports):
@@ -96,6 +99,30 @@ class WorkflowRunner:
         self.emission.log_left_out()
         if self.fatal is not None:
             raise self.fatal
+
+    async def _drain(self, loops: list[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+        """Wait for the episodes in flight: at most `drain_timeout`, and only `drain_quiet`
+        once neither a generation reply nor an episode's end has come for that long. When
+        the whole job stops (a Kueue eviction, a suspension) its rollouts and trainers stop
+        too: no reply comes, and an episode held for its trainer to catch up is never let
+        go. Waiting longer would only hold the pod, and its quota. Returns the loops still
+        on."""
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + self.drain_timeout
+        pending = set(loops)
+
+        def progress() -> tuple[int, int]:
+            return self.generation.replies, self.accounts.episodes
+
+        seen, heard = progress(), clock()
+        while pending and (left := deadline - clock()) > 0:
+            _, pending = await asyncio.wait(pending, timeout=min(left, 0.5))
+            if progress() != seen:
+                seen, heard = progress(), clock()
+            elif clock() - heard >= self.drain_quiet:
+                log.info("nothing came back for %.0fs: not waiting longer", self.drain_quiet)
+                break
+        return pending
 
     def _stop(self, err: Exception) -> None:
         """Stop the runner: `run` raises `err` (the first such) once the loops are done."""
