@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import statistics
 import tempfile
 import time
@@ -302,6 +303,7 @@ async def stream_vs_raw(url: str, count: int, rounds: int = 5) -> dict[str, Any]
 
     raw: list[float] = []
     parsed: list[float] = []
+    windowed: list[float] = []
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
@@ -316,29 +318,53 @@ async def stream_vs_raw(url: str, count: int, rounds: int = 5) -> dict[str, Any]
             parse = Trajectory.model_validate_json
             parsed.append(await _through(js, stream, subject, each, encode, parse=parse))
             await natsconfig.remove(js, names, [POLICY])
+            await natsconfig.ensure(js, names, [POLICY])  # as the runner sends: a window
+            windowed.append(
+                await _through(js, stream, subject, each, encode, parse=parse, window=True)
+            )
+            await natsconfig.remove(js, names, [POLICY])
     finally:
         await nc.close()
     raw_median, parsed_median = statistics.median(raw), statistics.median(parsed)
+    windowed_median = statistics.median(windowed)
     return {
         "message_bytes": size,
         "messages": each * rounds,
         "rounds": rounds,
         "raw_msgs_per_s": raw_median,
         "trajectory_msgs_per_s": parsed_median,
+        "trajectory_windowed_msgs_per_s": windowed_median,
         "raw_range": [min(raw), max(raw)],
         "trajectory_range": [min(parsed), max(parsed)],
         "stream_over_raw": round(parsed_median / raw_median, 3),
+        "windowed_over_awaited": round(windowed_median / parsed_median, 3),
     }
 
 
 async def _through(
-    js: Any, stream: str, subject: str, count: int, make: Any, parse: Any = None
+    js: Any,
+    stream: str,
+    subject: str,
+    count: int,
+    make: Any,
+    parse: Any = None,
+    *,
+    window: bool = False,
 ) -> float:
-    """Messages/s for publishing `count` messages (awaiting each ack, with a de-duplication
-    id, as the runner does) and then consuming them in batches, acking each."""
+    """Messages/s for publishing `count` messages, each with a de-duplication id, and then
+    consuming them in batches, acking each. Published awaiting each ack in turn, or (`window`)
+    as the workflow runner sends trajectories: acks awaited in a `PublishWindow`."""
+    from polyrl.workers.runtime.window import PublishWindow
+
     started = time.perf_counter()
+    sending = PublishWindow()
     for i in range(count):
-        await js.publish(subject, make(i), headers={"Nats-Msg-Id": f"m{i}"})
+        body, headers = make(i), {"Nats-Msg-Id": f"m{i}"}
+        if window:
+            await sending.submit(functools.partial(js.publish, subject, body, headers=headers))
+        else:
+            await js.publish(subject, body, headers=headers)
+    await sending.flush()
     sub = await js.pull_subscribe(subject, durable="bench", stream=stream)
     got = 0
     while got < count:

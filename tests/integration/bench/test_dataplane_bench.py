@@ -55,3 +55,5 @@ async def test_the_stream_comparison_measures_both_sides(nats_server: NatsServer
     assert figures["trajectory_msgs_per_s"] > 0
     assert figures["message_bytes"] > 100
     assert 0 < figures["stream_over_raw"] < 10
+    assert figures["trajectory_windowed_msgs_per_s"] > 0
+    assert 0 < figures["windowed_over_awaited"] < 100

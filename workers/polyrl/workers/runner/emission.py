@@ -1,7 +1,8 @@
 """What leaves the workflow runner: trajectories for the trainers, and its account of them.
 
 An episode's scored samples go out as Trajectories on their policy's stream, each under a
-deterministic id, so a publish retried through an outage is stored once (`Emission.emit`). A
+deterministic id, so a publish retried through an outage is stored once (`Emission.emit`);
+their acknowledgements are awaited in a bounded window, not one by one (`runtime.window`). A
 policy that refills its batches (`trainer.uniformGroups: refill`) gets its samples only once
 their groups are whole, and not those rewarded alike (`uniform_groups`): its episodes' samples
 are held until then (`Emission.hold`). What the episodes came to, the samples and prompts
@@ -22,7 +23,7 @@ from typing import Any
 from polyrl.api.resources import Mode, UniformGroups
 from polyrl.api.wire import Trajectory
 from polyrl.workers.runner import reward_health, rounds, uniform_groups
-from polyrl.workers.runtime import outage
+from polyrl.workers.runtime import outage, window
 from polyrl.workers.runtime.worker import MetricsLog, Runtime
 from polyrl.workers.workflows.episode import Emit, Episode, Settle, nothing_held
 from polyrl.workers.workflows.interface import Reports, Workflow
@@ -45,6 +46,7 @@ class Emission:
             if spec.algorithm.mode != Mode.SYNC and p.trainer.uniform_groups == UniformGroups.REFILL
         }
         self.leave_out = uniform_groups.LeaveOut(refill)
+        self.window = window.PublishWindow()
 
     def hold(self) -> uniform_groups.HeldGroups | None:
         """Where one episode's samples wait (None: no policy refills, each goes out at once)."""
@@ -83,10 +85,16 @@ class Emission:
         )
         subject = self.rt.names.trajectories_subject(policy)
         body = trajectory.model_dump_json().encode()
-        await outage.retry(  # stored once: the message id
-            lambda: self.rt.js.publish(subject, body, headers={"Nats-Msg-Id": trajectory.id}),
-            what=f"trajectory {trajectory.id}",
+        await self.window.submit(
+            lambda: outage.retry(  # stored once: the message id
+                lambda: self.rt.js.publish(subject, body, headers={"Nats-Msg-Id": trajectory.id}),
+                what=f"trajectory {trajectory.id}",
+            )
         )
+
+    async def flush(self) -> None:
+        """Every trajectory emitted so far acknowledged (before the runner stops)."""
+        await self.window.flush()
 
     def log_left_out(self) -> None:
         for policy, count in sorted(self.leave_out.left_out.items()):

@@ -93,6 +93,10 @@ class WorkflowRunner:
         pending = await self._drain(loops)
         for task in pending:
             task.cancel()
+        try:
+            await self.emission.flush()  # what the episodes emitted: all of it stored
+        except Exception as err:  # raised below, as the runner's failure
+            self._stop(err)
         if isinstance(self.workflow, Reports):
             self.accounts.write_metrics(self.workflow.flush())
         self.accounts.log_stopped(len(pending), self.admission.waited)

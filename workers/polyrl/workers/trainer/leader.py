@@ -20,7 +20,6 @@ resumes in a new epoch and numbers versions after the last one announced.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import functools
 import logging
@@ -62,23 +61,29 @@ async def pull_batch(
     msgs: list[Msg] = []
     dropped: list[str] = []
     while len(kept) < want and not rt.stopping.is_set():
-        with contextlib.suppress(TimeoutError):
-            for msg in await sub.fetch(want - len(kept), timeout=1.0):
-                try:
-                    trajectory = Trajectory.model_validate_json(msg.data)
-                except ValidationError as err:
-                    await rt.dead_letter(msg.subject, msg.data, f"malformed trajectory: {err}")
-                    await msg.term()
-                    continue
-                fresh, stale = grpo.filter_stale(
-                    [trajectory], current_version=version, max_staleness=max_staleness
-                )
-                if stale:
-                    dropped.append(trajectory.id)
-                    await msg.ack()
-                else:
-                    kept.extend(fresh)
-                    msgs.append(msg)
+        try:
+            got = await sub.fetch(want - len(kept), timeout=1.0)
+        except TimeoutError:
+            continue  # nothing yet
+        except outage.TRANSIENT:  # NATS restarting: JetStream answers 503 until it is back
+            await asyncio.sleep(0.25)
+            continue
+        for msg in got:
+            try:
+                trajectory = Trajectory.model_validate_json(msg.data)
+            except ValidationError as err:
+                await rt.dead_letter(msg.subject, msg.data, f"malformed trajectory: {err}")
+                await msg.term()
+                continue
+            fresh, stale = grpo.filter_stale(
+                [trajectory], current_version=version, max_staleness=max_staleness
+            )
+            if stale:
+                dropped.append(trajectory.id)
+                await msg.ack()
+            else:
+                kept.extend(fresh)
+                msgs.append(msg)
     return kept, msgs, dropped
 
 
