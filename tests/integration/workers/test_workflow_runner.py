@@ -25,12 +25,13 @@ from polyrl.api.resources import ModelSource, RLJobSpec, UniformGroups
 from polyrl.api.wire import Completion, GenerationResponse, Trajectory
 from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async
-from polyrl.workers.errors import StorageFull
+from polyrl.workers.errors import StorageFull, Unavailable
 from polyrl.workers.models import loading as models
 from polyrl.workers.rollout import main as rollout_main
 from polyrl.workers.runner import main as runner_main
 from polyrl.workers.runner.reward_health import RewardsFailing
 from polyrl.workers.runner.runner import WorkflowRunner
+from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import Runtime
 from polyrl.workers.tasks import load_task
 from polyrl.workers.tasks.rewards import RewardFailed
@@ -694,3 +695,30 @@ async def test_a_stopping_runner_waits_for_its_episodes_only_while_generation_re
         await nc.close()
     assert took >= runner.drain_quiet  # it did wait for replies, that long
     assert runner.episodes == 0
+
+
+async def test_a_trajectory_nats_never_stored_stops_the_runner_naming_it(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trajectories go out through a window of outstanding publishes; one that NATS never
+    stores (its stream deleted, past `outage.retry`'s patience) is not lost silently: the
+    runner stops with it as its failure."""
+    monkeypatch.setenv(outage.PATIENCE_ENV, "1")
+    names = JobNames(namespace="t", job=f"wf{uuid.uuid4().hex[:6]}")
+    job = spec("single")
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await natsconfig.ensure(js, names, ["solver"])
+    runtimes, tasks, runner = await start_workers(nats_server.url, js, names, job, tmp_path)
+    try:
+        await collect(nc, names, "solver", 1)  # trajectories flow; then their stream goes
+        await js.delete_stream(names.trajectories_stream("solver"))
+        done, _ = await asyncio.wait([tasks[-1]], timeout=60)
+        assert done, "the runner went on losing trajectories"
+        error = tasks[-1].exception()
+    finally:
+        await stop_workers(runtimes, tasks)
+        await nc.close()
+    assert isinstance(error, Unavailable)
+    assert "trajectory" in str(error)
+    assert runner.fatal is error

@@ -37,8 +37,11 @@ async def test_publishes_overlap_up_to_the_window_and_the_sender_waits_beyond_it
     assert (window.in_flight, window.published) == (0, 4)
 
 
-async def test_a_publish_that_failed_is_raised_at_the_next_submit_and_at_the_flush() -> None:
-    window = PublishWindow(size=4)
+async def test_a_publish_that_failed_is_told_at_once_and_raised_at_the_next_submit_and_flush() -> (
+    None
+):
+    heard: list[Exception] = []
+    window = PublishWindow(size=4, on_error=heard.append)
 
     async def fails() -> None:
         raise ConnectionError("NATS did not come back for trajectory e/0")
@@ -51,6 +54,7 @@ async def test_a_publish_that_failed_is_raised_at_the_next_submit_and_at_the_flu
     with pytest.raises(ConnectionError, match="trajectory e/0"):
         await window.flush()  # after the one that worked
     assert window.published == 1
+    assert [str(e) for e in heard] == ["NATS did not come back for trajectory e/0"]  # at once
     with pytest.raises(ConnectionError):
         await window.submit(works)  # nothing more goes out after a loss
 

@@ -35,7 +35,7 @@ log = logging.getLogger("polyrl.workflow")
 class Emission:
     """Sends trajectories; holds a refilling policy's until their groups are whole."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, *, on_error: Callable[[Exception], None] | None = None) -> None:
         self.rt = rt
         # Policies whose uniform groups are not sent (`uniform_groups`). Sync mode's rounds need
         # their batches from a fixed number of episodes: there the trainers leave them out instead.
@@ -46,7 +46,7 @@ class Emission:
             if spec.algorithm.mode != Mode.SYNC and p.trainer.uniform_groups == UniformGroups.REFILL
         }
         self.leave_out = uniform_groups.LeaveOut(refill)
-        self.window = window.PublishWindow()
+        self.window = window.PublishWindow(on_error=on_error)  # a trajectory lost for good
 
     def hold(self) -> uniform_groups.HeldGroups | None:
         """Where one episode's samples wait (None: no policy refills, each goes out at once)."""

@@ -21,7 +21,7 @@ from typing import Any
 from polyrl.api.messages import WorkerState
 from polyrl.api.resources import Mode
 from polyrl.api.wire import GenerationResponse
-from polyrl.workers.errors import StorageFull
+from polyrl.workers.errors import Unavailable
 from polyrl.workers.models.prompts import Prompt, PromptError
 from polyrl.workers.runner import admission, emission, generation, trainers, uniform_groups
 from polyrl.workers.runtime.worker import Runtime
@@ -59,7 +59,7 @@ class WorkflowRunner:
         )
         self.trainers = trainers.TrainerWatch(rt, async_mode=async_mode)
         self.admission = admission.Admission(rt.config.spec, self.trainers)
-        self.emission = emission.Emission(rt)
+        self.emission = emission.Emission(rt, on_error=self._stop)
         self.accounts = emission.Accounts(rt, self.admission.gate, self._stop)
 
     @property
@@ -154,7 +154,9 @@ class WorkflowRunner:
             except (ValueError, KeyError, IndexError) as err:  # the workflow's own fault
                 self.accounts.episode_failed(episode, err)
                 await asyncio.sleep(1.0)
-            except StorageFull as err:  # nothing to retry into: stop, saying why
+            # Nothing to retry into (a full stream, or NATS gone past outage.retry's
+            # patience, a lost trajectory among them): stop, saying why.
+            except Unavailable as err:
                 self._stop(err)
             finally:
                 self.in_episode.discard(index)

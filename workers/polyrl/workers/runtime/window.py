@@ -6,7 +6,8 @@ starts at once and its acknowledgement is awaited in the background, with at mos
 outstanding: the sender waits only when the window is full. What makes this safe is the
 message id each publish carries (`Nats-Msg-Id`): a publish retried through an outage is stored
 once, whatever order the acknowledgements come back in. A publish that fails for good (after
-`outage.retry`'s patience) is not lost silently: the next `submit`, or `flush`, raises it.
+`outage.retry`'s patience) is not lost silently: `on_error` hears of it at once, and the next
+`submit`, or `flush`, raises it.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ DEFAULT_SIZE = 256  # trajectories in flight; a few MiB at most
 class PublishWindow:
     """Run publishes concurrently, at most `size` at a time; `flush` before stopping."""
 
-    def __init__(self, size: int = DEFAULT_SIZE) -> None:
+    def __init__(
+        self, size: int = DEFAULT_SIZE, *, on_error: Callable[[Exception], None] | None = None
+    ) -> None:
         if size < 1:
             raise ValueError(f"a publish window holds at least 1, not {size}")
         self.size = size
+        self.on_error = on_error
         self._room = asyncio.Semaphore(size)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
         self.published = 0  # acknowledged
 
     @property
@@ -61,5 +65,10 @@ class PublishWindow:
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.error is None:
-            self.error = task.exception()
+        if task.cancelled() or self.error is not None:
+            return
+        error = task.exception()
+        if isinstance(error, Exception):
+            self.error = error
+            if self.on_error is not None:
+                self.on_error(error)
