@@ -18,7 +18,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test`: with 2 (the default), the end-to-end tests run one
 # after another on one worker and everything else is shared out on the other
-# (tests/conftest.py): about 22 minutes of pytest on 2 cores where one process (0) takes 35.
+# (tests/conftest.py): about 16 minutes of pytest on 2 cores.
 TEST_WORKERS ?= 2
 # `make cluster-up`: how many nodes, what the agent does in unlabelled namespaces (status:
 # mark pods Running; exec: run them), and which namespaces it creates labelled for exec.
