@@ -399,6 +399,59 @@ def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
     assert acc.retrained_after_resume + acc.only_rolled_back == 0  # no step was lost
 
 
+@pytest.mark.chaos
+@pytest.mark.kueue
+def test_a_queued_job_suspended_by_its_user_frees_its_quota_and_resumes_losing_no_step(
+    stack: Stack, kueue: Kueue
+) -> None:
+    """`kubectl patch rljob --type=merge -p '{"spec":{"suspend":true}}'` on a job Kueue
+    admitted: every pod goes (the trainer saves on SIGTERM), Kueue's Workload finishes and
+    frees the quota; resumed, the job is a new Workload, admitted again, and trains on from
+    its checkpoint."""
+    kubectl, ns = stack.kubectl, stack.ns
+    kubectl("label", "namespace", ns, f"{MANAGED_LABEL}=true")
+    kubectl.apply(queues(ns, cpu=4))
+    doc = job("usersuspend")  # until stopped
+    doc["metadata"]["labels"] = {QUEUE_LABEL: "work"}
+    timings: dict[str, float] = {}
+
+    def said(kind: str) -> str | None:
+        return condition(kubectl.json("get", "rlj", "usersuspend", "-n", ns), kind)
+
+    def suspend(value: bool) -> None:
+        patch = json.dumps({"spec": {"suspend": value}})
+        kubectl("patch", "rlj", "usersuspend", "-n", ns, "--type=merge", "-p", patch)
+
+    def inject(case: Case) -> None:
+        case.wait_step(3)
+        started = time.monotonic()
+        suspend(True)
+        wait_until(
+            "every process of the job's pods gone",
+            lambda: not any(case.processes_of(p) for p in case.pod_uids()),
+            timeout=60,
+            interval=0.5,
+        )
+        timings["gone"] = time.monotonic() - started
+        wait_until("the job not admitted", lambda: said("Admitted") == "False", timeout=60)
+        suspend(False)
+        resumed = time.monotonic()
+        wait_until("the job admitted again", lambda: said("Admitted") == "True", timeout=120)
+        timings["readmit"] = time.monotonic() - resumed
+        at = case.step()
+        case.wait_step(at + 3)  # trains on from its checkpoint
+        case.stop_now()
+        RECOVERY["user suspension (queued)"] = (
+            f"every pod gone {timings['gone']:.1f} s after the patch; admitted again "
+            f"{timings['readmit']:.1f} s after resuming"
+        )
+
+    acc = run_case("user suspension (queued)", stack, doc, inject)
+    assert timings["gone"] < 60
+    assert acc.resumes >= 1
+    assert acc.retrained_after_resume + acc.only_rolled_back == 0  # no step was lost
+
+
 def test_a_rollout_pod_killed_mid_generation_loses_no_episode_and_no_sample(
     stack: Stack,
 ) -> None:
