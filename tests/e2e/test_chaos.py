@@ -140,6 +140,15 @@ class Case:
                     found.append(pid)
         return found
 
+    def wait_processes_gone(self, timeout: float = 60) -> None:
+        """Until no process of any of the job's pods runs (evicted, suspended)."""
+        wait_until(
+            "every process of the job's pods gone",
+            lambda: not any(self.processes_of(p) for p in self.pod_uids()),
+            timeout=timeout,
+            interval=0.5,
+        )
+
     def kill(self, pod: str) -> int:
         """SIGKILL the pod's processes (by PID, found by the sandbox the node agent made),
         once it has some: a pod being replaced has none for a while."""
@@ -361,12 +370,7 @@ def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
         )
         evicted = time.monotonic()
         timings["evicted"] = evicted - started  # the operator made its pods; Kueue preempted
-        wait_until(
-            "every process of the job's pods gone",
-            lambda: not any(case.processes_of(p) for p in case.pod_uids()),
-            timeout=60,
-            interval=0.5,
-        )
+        case.wait_processes_gone()
         timings["suspend"] = time.monotonic() - evicted
         wait_until(
             "the urgent job admitted", lambda: said("urgent", "Admitted") == "True", timeout=60
@@ -426,12 +430,7 @@ def test_a_queued_job_suspended_by_its_user_frees_its_quota_and_resumes_losing_n
         case.wait_step(3)
         started = time.monotonic()
         suspend(True)
-        wait_until(
-            "every process of the job's pods gone",
-            lambda: not any(case.processes_of(p) for p in case.pod_uids()),
-            timeout=60,
-            interval=0.5,
-        )
+        case.wait_processes_gone()
         timings["gone"] = time.monotonic() - started
         wait_until("the job not admitted", lambda: said("Admitted") == "False", timeout=60)
         suspend(False)

@@ -118,6 +118,13 @@ async def stop_workers(runtimes: list[Runtime], tasks: list[asyncio.Task[Any]]) 
         await r.close()
 
 
+async def stopped_by_itself(runner: asyncio.Task[Any], going_on: str) -> BaseException | None:
+    """The runner's failure once it stopped by itself, which it must within a minute."""
+    done, _ = await asyncio.wait([runner], timeout=60)
+    assert done, f"the runner went on {going_on}"
+    return runner.exception()
+
+
 async def collect(nc: NatsClient, names: JobNames, policy: str, count: int) -> list[Trajectory]:
     sub = await nc.jetstream().subscribe(names.trajectories_subject(policy))
     got = [
@@ -579,9 +586,7 @@ async def test_a_reward_failing_on_every_sample_stops_the_runner_as_invalid_inpu
     runner.task = RewardAlwaysFails(runner.task)
     runner.accounts.reward_health.limit = 12
     try:
-        done, _ = await asyncio.wait([tasks[-1]], timeout=60)
-        assert done, "the runner went on with a reward that never works"
-        error = tasks[-1].exception()
+        error = await stopped_by_itself(tasks[-1], "with a reward that never works")
     finally:
         await stop_workers(runtimes, tasks)
         await nc.close()
@@ -606,9 +611,7 @@ async def test_a_full_request_queue_stops_the_runner_saying_so_instead_of_hangin
     config.max_bytes = 1
     await js.update_stream(config)
     try:
-        done, _ = await asyncio.wait([tasks[-1]], timeout=60)
-        assert done, "the runner went on with a request queue that takes nothing"
-        error = tasks[-1].exception()
+        error = await stopped_by_itself(tasks[-1], "with a request queue that takes nothing")
     finally:
         await stop_workers(runtimes, tasks)
         await nc.close()
@@ -713,9 +716,7 @@ async def test_a_trajectory_nats_never_stored_stops_the_runner_naming_it(
     try:
         await collect(nc, names, "solver", 1)  # trajectories flow; then their stream goes
         await js.delete_stream(names.trajectories_stream("solver"))
-        done, _ = await asyncio.wait([tasks[-1]], timeout=60)
-        assert done, "the runner went on losing trajectories"
-        error = tasks[-1].exception()
+        error = await stopped_by_itself(tasks[-1], "losing trajectories")
     finally:
         await stop_workers(runtimes, tasks)
         await nc.close()
