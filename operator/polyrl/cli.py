@@ -151,6 +151,12 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    options = {"quick": args.quick}
+    if args.simulated:
+        if "simulated" not in inspect.signature(module.run).parameters:
+            print(f"polyrl bench {args.what}: takes no --simulated", file=sys.stderr)
+            return EXIT_USAGE
+        options["simulated"] = True
     if args.model is not None:
         if "model" not in inspect.signature(module.run).parameters:
             print(f"polyrl bench {args.what}: takes no --model", file=sys.stderr)
@@ -158,9 +164,9 @@ def _bench(args: argparse.Namespace) -> int:
         if not args.model.is_dir():
             print(f"polyrl bench: --model {args.model} is not a directory", file=sys.stderr)
             return EXIT_USAGE
-        figures = module.run(quick=args.quick, model=args.model)
+        figures = module.run(**options, model=args.model)
     else:
-        figures = module.run(quick=args.quick)
+        figures = module.run(**options)
     if args.json:
         print(json.dumps(figures, sort_keys=True))
     else:
@@ -186,6 +192,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="DIR",
         help="engine, delta: measure on this Hugging Face model directory instead of the "
         "built-in tiny one (`polyrl models fetch --dequantize` prints SmolLM2's)",
+    )
+    p.add_argument(
+        "--simulated",
+        action="store_true",
+        help="pipeline: generation and training modelled (a latency model, no torch) around "
+        "the real workers and NATS, so each side runs as if on its own hardware",
     )
     p.set_defaults(func=_bench)
 

@@ -57,3 +57,10 @@ def test_run_refuses_input_the_workers_would_refuse_before_starting_anything(
     assert "polyrl run: invalid input: " in err
     assert cause in err
     assert not run_dir.exists()  # nothing was started
+
+
+def test_bench_refuses_simulated_for_a_benchmark_that_has_no_simulated_form(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["bench", "dataplane", "--simulated", "--quick"]) == cli.EXIT_USAGE
+    assert "takes no --simulated" in capsys.readouterr().err

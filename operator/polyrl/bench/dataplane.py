@@ -85,7 +85,7 @@ class NullTrainer:
     trained_ids: collections.Counter[str] = field(default_factory=collections.Counter)
 
     async def run(self) -> None:
-        from polyrl.workers.trainer import leader as trainer
+        from polyrl.workers.trainer import intake as trainer
 
         sub = await self.rt.js.pull_subscribe(
             self.rt.names.trajectories_subject(POLICY),

@@ -143,7 +143,12 @@ def mode_figures(result: dict[str, Any], first_policy: str, batch: int) -> dict[
     return out
 
 
-def run(*, quick: bool) -> dict[str, Any]:
+def run(*, quick: bool, simulated: bool = False) -> dict[str, Any]:
+    """`simulated`: modelled generation and training instead (`pipeline_simulated`)."""
+    if simulated:
+        from polyrl.bench import pipeline_simulated
+
+        return pipeline_simulated.run(quick=quick)
     base = jobfile.load(job_path())
     steps = QUICK_STEPS if quick else FULL_STEPS
     first = base.spec.policies[0]

@@ -28,7 +28,7 @@ from polyrl.local.natsserver import NatsServer
 from polyrl.testing.waiting import wait_until_async
 from polyrl.workers.runner import main as runner_main
 from polyrl.workers.runtime.worker import Runtime
-from polyrl.workers.trainer import leader as trainer
+from polyrl.workers.trainer import intake as trainer
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ async def test_fuzzed_trajectories_are_dead_lettered_and_the_trainer_keeps_the_v
         await js.publish(subject, message, headers={"Nats-Msg-Id": uuid.uuid4().hex})
     sub = await rt.js.pull_subscribe(
         names.trajectories_subject("solver"),
-        durable=trainer.CONSUMER,
+        durable=JobNames.trainer_consumer,
         stream=names.trajectories_stream("solver"),
     )
     try:

@@ -18,9 +18,12 @@ on any machine and any library version, agree token for token.
 from __future__ import annotations
 
 import string
+from typing import TYPE_CHECKING
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:  # transformers' tokenizer classes import torch; `backend` needs neither
+    from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # Their ids are part of the model config (pad/bos/eos_token_id) and must not move.
@@ -36,20 +39,27 @@ def vocabulary() -> dict[str, int]:
     return {token: index for index, token in enumerate(tokens)}
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The character tokenizer; encoding adds BOS in front, never EOS (the model writes it)."""
-    backend = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token=UNK))
+def backend() -> Tokenizer:
+    """The `tokenizers` object itself (what a bundle's tokenizer.json holds)."""
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token=UNK))
     # `[\s\S]` rather than `.`: a newline must become a token of its own, like any character.
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     # Without a decoder, `tokenizers` joins tokens with spaces; Fuse concatenates them.
-    backend.decoder = decoders.Fuse()
+    tokenizer.decoder = decoders.Fuse()
     # BOS gives every prompt a fixed first position to attend to, however short the prompt.
-    backend.post_processor = processors.TemplateProcessing(
+    tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, BOS_ID)]
     )
+    return tokenizer
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer; encoding adds BOS in front, never EOS (the model writes it)."""
+    from transformers import PreTrainedTokenizerFast
+
     # transformers leaves this constructor unannotated.
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=backend,
+        tokenizer_object=backend(),
         pad_token=PAD,
         bos_token=BOS,
         eos_token=EOS,

@@ -33,7 +33,12 @@ from pydantic import ValidationError
 
 from polyrl.api.messages import DrainAck, Drained, DrainRequest, PoolShare, WorkerState
 from polyrl.api.wire import Completion, GenerationRequest, GenerationResponse
-from polyrl.workers.rollout.engines.base import Engine, SamplingParams, ServesAdapters
+from polyrl.workers.rollout.engines.base import (
+    Engine,
+    GeneratesAsync,
+    SamplingParams,
+    ServesAdapters,
+)
 from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import Runtime
 
@@ -41,6 +46,8 @@ log = logging.getLogger("polyrl.rollout")
 QUEUE_DEPTH_SECONDS = 2.0
 LOOK_SECONDS = 0.05  # a shared pool's quick look into each queue before it waits on all
 WAIT_SECONDS = 0.5  # how long a fetch waits for work to arrive
+LINGER_SECONDS = 0.03  # how long a part-filled batch waits for more (requests come in bursts)
+CATCH_UP_SECONDS = 0.05  # at most this often, a request for newer weights looks for them
 
 
 class Tokenizer(Protocol):
@@ -104,6 +111,7 @@ class Queue:
     served: int = 0
     depth: int | None = None
     waits: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    looked: float = float("-inf")  # when a request for newer weights last had them looked for
 
     def share(self, version: int) -> PoolShare:
         waits = sorted(self.waits)
@@ -194,7 +202,7 @@ class RolloutWorker:
         is full; if all were empty, wait on all of them at once."""
         queues = list(self.queues.values())
         if len(queues) == 1:
-            return await self._pull(queues[0], self.max_batch, WAIT_SECONDS)
+            return await self._fill(queues[0])
         self.rounds += 1
         turn = self.rounds % len(queues)
         batch: list[Pending] = []
@@ -206,6 +214,17 @@ class RolloutWorker:
         share = max(1, self.max_batch // len(queues))
         waited = await asyncio.gather(*(self._pull(q, share, WAIT_SECONDS) for q in queues))
         return [pending for got in waited for pending in got]
+
+    async def _fill(self, queue: Queue) -> list[Pending]:
+        """One queue's batch. A round's requests (sync mode) or a burst of episodes arrive
+        over a few milliseconds: served as they come, the first comer would be generated
+        alone and the rest after it, twice the time for engines that batch (seen in
+        `polyrl bench pipeline --simulated`'s sync rounds). So a part-filled batch waits
+        LINGER_SECONDS for more."""
+        batch = await self._pull(queue, self.max_batch, WAIT_SECONDS)
+        if batch and len(batch) < self.max_batch:
+            batch += await self._pull(queue, self.max_batch - len(batch), LINGER_SECONDS)
+        return batch
 
     async def _pull(self, queue: Queue, room: int, timeout: float) -> list[Pending]:
         try:
@@ -231,6 +250,8 @@ class RolloutWorker:
             return None
         version = self._version(queue.policy)
         if version is None or request.min_version > version:
+            version = await self._catch_up(queue)
+        if version is None or request.min_version > version:
             await msg.nak(delay=0.2)  # newer weights are on their way (`staleness`, `rounds`)
             return None
         refusal = self._refusal(request, queue.policy)
@@ -242,6 +263,18 @@ class RolloutWorker:
             await msg.term()  # no replica can serve it: never redeliver
             return None
         return Pending(msg=msg, request=request, prompt=request.prompt_tokens)
+
+    async def _catch_up(self, queue: Queue) -> int | None:
+        """The version served after taking newer weights now, if they are announced: sync
+        mode's rounds ask for a version right after announcing it, and a request held back
+        until the next round's refresh cost each sync step its nak delay and up to a fetch's
+        wait. Between batches, as every refresh; looked for at most every CATCH_UP_SECONDS
+        (a request for a version still being published must not cost a lookup each)."""
+        now = time.monotonic()
+        if queue.weights is not None and now - queue.looked >= CATCH_UP_SECONDS:
+            queue.looked = now
+            await self._refresh_weights()
+        return self._version(queue.policy)
 
     def _version(self, policy: str) -> int | None:
         """The weight version `policy` is served with: the engine's for the worker's own
@@ -278,7 +311,10 @@ class RolloutWorker:
                 params = SamplingParams(
                     max_new_tokens=max_new, temperature=temperature, stop_token_ids=self._stops()
                 )
-                outputs = await asyncio.to_thread(self._generate, policy, prompts, params)
+                if isinstance(self.engine, GeneratesAsync):  # waits, computes nothing
+                    outputs = await self.engine.agenerate(prompts, params)
+                else:
+                    outputs = await asyncio.to_thread(self._generate, policy, prompts, params)
                 await self._reply(group, outputs)
         finally:
             self.in_flight = 0
@@ -295,7 +331,20 @@ class RolloutWorker:
         return self.stop_ids
 
     async def _reply(self, group: list[Pending], outputs: list[Any]) -> None:
-        i = 0
+        """Every response out, then one flush for the batch (a round trip per response cost
+        a fleet's replicas a tenth of their time: `polyrl bench scale`), then the acks."""
+        responses = self._responses(group, outputs)
+        for pending, response in zip(group, responses, strict=True):
+            await self.rt.nc.publish(pending.request.reply_to, response.model_dump_json().encode())
+        await self.rt.nc.flush()
+        for pending, response in zip(group, responses, strict=True):
+            await pending.msg.ack()  # only now: a crash before this means redelivery
+            self.served += 1
+            self.queues[pending.request.policy].served += 1
+            self.tokens += sum(len(c.tokens) for c in response.completions)
+
+    def _responses(self, group: list[Pending], outputs: list[Any]) -> list[GenerationResponse]:
+        responses, i = [], 0
         for pending in group:
             mine, i = outputs[i : i + pending.request.n], i + pending.request.n
             completions = [
@@ -307,18 +356,14 @@ class RolloutWorker:
                 )
                 for g in mine
             ]
-            response = GenerationResponse(
+            responses.append(GenerationResponse(
                 id=pending.request.id,
                 pod=self.rt.pod,
                 weight_version=self._version(pending.request.policy) or 0,
                 prompt_tokens=pending.prompt,
                 completions=completions,
-            )
-            await self._answer(pending.request, response)
-            await pending.msg.ack()  # only now: a crash before this means redelivery
-            self.served += 1
-            self.queues[pending.request.policy].served += 1
-            self.tokens += sum(len(c.tokens) for c in completions)
+            ))  # fmt: skip
+        return responses
 
     async def _answer(self, request: GenerationRequest, response: GenerationResponse) -> None:
         await self.rt.nc.publish(request.reply_to, response.model_dump_json().encode())

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
+
+from polyrl.workers.trainer.intake import Versioned
+from polyrl.workers.trainer.intake import filter_stale as filter_stale
 
 __all__ = [
     "age_histogram",
@@ -69,39 +71,6 @@ def group_advantages(
 
 
 # --- staleness --------------------------------------------------------------------------------
-
-
-class Versioned(Protocol):
-    """Anything stamped with the weight version of the policy that generated it."""
-
-    @property
-    def weight_version(self) -> int: ...
-
-
-V = TypeVar("V", bound=Versioned)
-
-
-def filter_stale(
-    samples: Iterable[V], *, current_version: int, max_staleness: int
-) -> tuple[list[V], int]:
-    """Keep samples at most `max_staleness` weight versions behind; return (kept, dropped count).
-
-    Truncated importance sampling corrects moderate policy lag, but the further the behaviour
-    policy is from the current one the more weights hit the cap and the noisier (and more
-    biased) the gradient gets; bounding the age keeps asynchronous training close to on-policy.
-    ``max_staleness=0`` is fully on-policy. A sample from a version newer than the trainer's
-    (which should not happen) has age <= 0 and is kept. Order is preserved.
-    """
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-    kept: list[V] = []
-    dropped = 0
-    for sample in samples:
-        if current_version - sample.weight_version <= max_staleness:
-            kept.append(sample)
-        else:
-            dropped += 1
-    return kept, dropped
 
 
 def age_histogram(samples: Iterable[Versioned], *, current_version: int) -> dict[int, int]:

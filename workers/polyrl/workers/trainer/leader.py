@@ -27,19 +27,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from nats.aio.msg import Msg
 from nats.js.errors import APIError
-from pydantic import ValidationError
 
 from polyrl.api import natsconfig
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import EvalOn, Strategy
-from polyrl.api.wire import Trajectory
 from polyrl.workers.deltas.encoders.process import ProcessEncoder
 from polyrl.workers.errors import StorageFull
 from polyrl.workers.runtime import outage
 from polyrl.workers.runtime.worker import MetricsLog, Runtime
-from polyrl.workers.trainer import before_rl, grpo, ranks, shard_publish, warmstart
+from polyrl.workers.trainer import before_rl, ranks, shard_publish, warmstart
 from polyrl.workers.trainer.learner import Learner
 from polyrl.workers.trainer.pool_scoring import EvaluationStopped, PoolScorer
 from polyrl.workers.weightsync import announce, bundle, retention
@@ -51,40 +48,6 @@ from polyrl.workers.workflows import interface as roles
 log = logging.getLogger("polyrl.trainer")
 CONSUMER = JobNames.trainer_consumer
 T = TypeVar("T")
-
-
-async def pull_batch(
-    rt: Runtime, sub: Any, want: int, *, version: int, max_staleness: int
-) -> tuple[list[Trajectory], list[Msg], list[str]]:
-    """`want` fresh trajectories with their messages (ack later), and the stale ones' ids."""
-    kept: list[Trajectory] = []
-    msgs: list[Msg] = []
-    dropped: list[str] = []
-    while len(kept) < want and not rt.stopping.is_set():
-        try:
-            got = await sub.fetch(want - len(kept), timeout=1.0)
-        except TimeoutError:
-            continue  # nothing yet
-        except outage.TRANSIENT:  # NATS restarting: JetStream answers 503 until it is back
-            await asyncio.sleep(0.25)
-            continue
-        for msg in got:
-            try:
-                trajectory = Trajectory.model_validate_json(msg.data)
-            except ValidationError as err:
-                await rt.dead_letter(msg.subject, msg.data, f"malformed trajectory: {err}")
-                await msg.term()
-                continue
-            fresh, stale = grpo.filter_stale(
-                [trajectory], current_version=version, max_staleness=max_staleness
-            )
-            if stale:
-                dropped.append(trajectory.id)
-                await msg.ack()
-            else:
-                kept.extend(fresh)
-                msgs.append(msg)
-    return kept, msgs, dropped
 
 
 class NatsHandoff:

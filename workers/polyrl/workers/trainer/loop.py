@@ -18,7 +18,8 @@ from polyrl.api.messages import WorkerState
 from polyrl.api.resources import Mode
 from polyrl.workers.runtime.worker import Runtime, workdir_for
 from polyrl.workers.trainer import ranks
-from polyrl.workers.trainer.leader import Leader, pull_batch
+from polyrl.workers.trainer.intake import pull_batch
+from polyrl.workers.trainer.leader import Leader
 from polyrl.workers.trainer.learner import Learner, shuffled_rewards, to_samples
 from polyrl.workers.trainer.ledger import Ledger
 from polyrl.workers.workflows import interface as roles

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # at run time only engines that compute need torch (not `simulated_engine`)
+    import torch
 
-from polyrl.workers.models.adapters import Adapter
+    from polyrl.workers.models.adapters import Adapter
 
 FinishReason = Literal["stop", "length"]
 
@@ -116,6 +117,17 @@ class Engine(Protocol):
         Values are copied into the existing tensors (no reallocation: a GPU engine keeps its
         memory plan, and `weights()` stays valid). Used for keyframes and to push a patched
         host copy; the caller then sets `version`."""
+        ...
+
+
+@runtime_checkable
+class GeneratesAsync(Protocol):
+    """An engine whose generation is a coroutine, awaited on the worker's event loop instead of
+    run on a thread: a simulated engine (`simulated_engine`) waits without computing, so
+    dozens of replicas can share one process, beyond the default thread pool's few threads."""
+
+    async def agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """As `Engine.generate`."""
         ...
 
 

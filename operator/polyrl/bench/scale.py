@@ -1,0 +1,158 @@
+"""`polyrl bench scale`: 3 policies with 1 to 64 simulated rollout replicas each.
+
+Each replica is a real rollout worker with its own NATS connection over `SimulatedEngine`,
+whose every call takes `CALL_SECONDS` of wall time (compression 1: a replica of a fast GPU
+answering `PER_CALL` requests of `GROUP` samples at once), so what `R` replicas could supply
+is known exactly: `capacity_samples_per_s = 3 * R * PER_CALL * GROUP / CALL_SECONDS`. The
+workflow runner (`rotating`: one group per episode, the policies in turn) and the three
+trainers (`SimulatedTrainer`, their step free) are real as well, all in this one process, on
+an embedded nats-server (`polyrl.bench.simulation`).
+
+Per replica count: samples/s stored on the trajectory streams (`trained_per_s`: taken by the
+trainers, in whole batches) over a window after a warm-up, against
+the capacity; the process's CPU time per sample (`orchestration_us_per_sample`: the runner,
+replicas and trainers together, since they share this process); nats-server's CPU share;
+request-queue fairness (`fairness_max_over_min`: the most requests a replica of a policy
+served in the window over the fewest); and the part at its limit (`saturated`). The largest
+count runs twice more: with the runner awaiting each trajectory's acknowledgement before the
+next (`publish_window: 1`, the runner before its publish window) and with two runners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from polyrl.bench import simulation
+from polyrl.local.natsserver import NatsServer
+from polyrl.workers.runtime.simulation import LatencyModel, TrainCost
+
+POLICIES = ("alpha", "beta", "gamma")
+CALL_SECONDS, PER_CALL, GROUP, NEW_TOKENS, BATCH = 0.5, 4, 8, 16, 128
+# Generation may run this many batches ahead: 33 * 128 samples per policy are 528 requests,
+# room for 64 replicas' calls in flight and one queued behind each.
+MAX_STALENESS = 32
+QUICK = {"replicas": (1, 4), "warmup": 2.0, "window": 3.0}
+FULL = {"replicas": (1, 8, 32, 64), "warmup": 6.0, "window": 12.0}
+
+
+def setup(replicas: int, **changes: Any) -> simulation.Setup:
+    # Every call lasts CALL_SECONDS whatever it holds: the cost is the call's overhead.
+    model = LatencyModel(prefill=0.0, decode=0.0, overhead=CALL_SECONDS, tail=0.0,
+                         median_tokens=NEW_TOKENS)  # fmt: skip
+    base = simulation.Setup(
+        model=model, cost=TrainCost(), compression=1.0, policies=POLICIES, replicas=replicas,
+        batch=BATCH, group=GROUP, requests_per_call=PER_CALL, new_tokens=NEW_TOKENS,
+        max_staleness=MAX_STALENESS,
+        # enough episodes to keep every replica's next call queued behind its current one
+        episodes_in_flight=max(64, 2 * len(POLICIES) * replicas * PER_CALL),
+    )  # fmt: skip
+    return dataclasses.replace(base, **changes)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's user and system CPU seconds so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(url: str, nats_pid: int | None, bundle: Path, config: simulation.Setup,
+                  *, warmup: float, window: float) -> dict[str, Any]:  # fmt: skip
+    job = simulation.SimulatedJob(url, config)
+    await job.start(bundle, steps=None)
+    try:
+        await asyncio.sleep(warmup)
+        stored0, trained0, served0 = await job.stored(), job.trained(), _served(job)
+        cpu0, nats0 = time.process_time(), _cpu_seconds(nats_pid) if nats_pid else 0.0
+        started = time.monotonic()
+        await asyncio.sleep(window)
+        seconds = time.monotonic() - started
+        cpu = time.process_time() - cpu0
+        nats_cpu = (_cpu_seconds(nats_pid) - nats0) if nats_pid else 0.0
+        samples, trained = await job.stored() - stored0, job.trained() - trained0
+        served = {k: v - served0[k] for k, v in _served(job).items()}
+        failed = sum(r.failed for r in job.runners)
+    finally:
+        await job.stop()
+    capacity = len(POLICIES) * config.replicas * PER_CALL * GROUP / CALL_SECONDS
+    rate = samples / seconds
+    figures = {
+        "replicas_per_policy": config.replicas,
+        "runners": config.runners,
+        "capacity_samples_per_s": round(capacity, 1),
+        "samples_per_s": round(rate, 1),
+        "trained_per_s": round(trained / seconds, 1),
+        "of_capacity": round(rate / capacity, 3),
+        "orchestration_us_per_sample": round(1e6 * cpu / samples, 1) if samples else None,
+        "process_cpu_share": round(cpu / seconds, 3),
+        "nats_cpu_share": round(nats_cpu / seconds, 3),
+        "fairness_max_over_min": _fairness(served, config.replicas),
+        "episodes_failed": failed,
+    }
+    figures["saturated"] = _saturated(figures)
+    return figures
+
+
+def _served(job: simulation.SimulatedJob) -> dict[str, int]:
+    return {w.rt.pod: w.served for workers in job.rollouts.values() for w in workers}
+
+
+def _fairness(served: dict[str, int], replicas: int) -> float | None:
+    """The worst policy's max/min requests served per replica (1.0: perfectly even)."""
+    worst = 1.0
+    for policy in POLICIES:
+        counts = [n for pod, n in served.items() if pod.startswith(f"{policy}-")]
+        if len(counts) != replicas or min(counts) == 0:
+            return None  # a replica served nothing in the window
+        worst = max(worst, max(counts) / min(counts))
+    return round(worst, 2)
+
+
+def _saturated(figures: dict[str, Any]) -> str:
+    """What holds the rate below capacity: this process's one core (the runner, replicas and
+    trainers share its event loop), nats-server, or nothing (the replicas: below capacity by
+    less than 10%)."""
+    if figures["of_capacity"] >= 0.9:
+        return "none (replicas)"
+    if figures["process_cpu_share"] >= 0.85:
+        return "bench process CPU (runner, replicas and trainers on one event loop)"
+    if figures["nats_cpu_share"] >= 0.85:
+        return "nats-server CPU"
+    return "latency (the runner's episodes or the trainers' intake)"
+
+
+async def _measure(url: str, nats_pid: int | None, bundle: Path, quick: bool) -> dict[str, Any]:
+    knobs: dict[str, Any] = QUICK if quick else FULL
+    timing = {"warmup": knobs["warmup"], "window": knobs["window"]}
+    rows = [await measure(url, nats_pid, bundle, setup(n), **timing) for n in knobs["replicas"]]
+    largest = knobs["replicas"][-1]
+    awaited = await measure(url, nats_pid, bundle, setup(largest, publish_window=1), **timing)
+    two_runners = await measure(url, nats_pid, bundle, setup(largest, runners=2), **timing)
+    return {
+        "quick": quick, "policies": len(POLICIES), "call_seconds": CALL_SECONDS,
+        "requests_per_call": PER_CALL, "group": GROUP, "new_tokens": NEW_TOKENS,
+        "rows": rows,
+        "max_samples_per_s": max(r["samples_per_s"] for r in rows),
+        "largest_awaited_publishes": awaited,
+        "largest_two_runners": two_runners,
+        "window_over_awaited": round(rows[-1]["samples_per_s"] / awaited["samples_per_s"], 2)
+        if awaited["samples_per_s"] else None,
+    }  # fmt: skip
+
+
+def run(*, quick: bool) -> dict[str, Any]:
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix="polyrl-bench-scale-") as tmp,
+        NatsServer(Path(tmp) / "nats") as server,
+    ):
+        bundle = simulation.write_bundle(Path(tmp) / "bundle")
+        pid = server.proc.pid if server.proc is not None else None
+        figures = asyncio.run(_measure(server.url, pid, bundle, quick))
+    figures["total_s"] = round(time.monotonic() - started, 1)
+    return figures

@@ -1,0 +1,259 @@
+"""Simulated jobs: the real data plane and workers with modelled generation and training.
+
+What runs, in this one process, on an embedded nats-server: the real workflow runner(s)
+(`workflow.replicas`), the real rollout workers (`RolloutWorker`, each with its own NATS
+connection, as pods have) over `SimulatedEngine` and `AnnouncedVersions`, and one
+`SimulatedTrainer` per policy (the trainer's NATS side and intake, its step modelled). The
+latency model and the trainer's cost are `polyrl.workers.runtime.simulation`'s; modelled time
+runs `compression` times faster than wall time. Nothing imports torch: the bundle the runner
+reads its tokenizer from is the character tokenizer's files, written with `tokenizers` alone.
+
+Several policies are served by the entry-point workflow `rotating` below: each episode asks
+the next policy in turn for one group, as `single` does for one policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from polyrl.api import natsconfig
+from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.naming import JobNames
+from polyrl.api.resources import RLJobSpec
+from polyrl.workers.runtime.simulation import LatencyModel, TrainCost
+from polyrl.workers.tasks.rewards import RewardFailed
+from polyrl.workers.workflows.episode import Episode
+
+_turns = itertools.count()
+
+
+async def rotating(episode: Episode) -> None:
+    """Episode k asks policy k mod P for one group of the task's problem, rewarded as in
+    `single` (a benchmark workflow: several policies, one group per episode)."""
+    policies = [p.name for p in episode.spec.policies]
+    policy = policies[next(_turns) % len(policies)]
+    problem = episode.task.sample(episode.rng)
+    response = await episode.generate(policy, problem.request, episode.group_size)
+    for i in range(len(response.completions)):
+        try:
+            reward = episode.task.reward(problem, episode.text(response, i))
+        except RewardFailed as err:
+            episode.drop(str(err))
+            continue
+        await episode.emit(policy, "answer", response, i, reward)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One simulated job: its shape, its modelled compute and how fast modelled time runs."""
+
+    model: LatencyModel
+    cost: TrainCost
+    compression: float
+    policies: tuple[str, ...] = ("solver",)
+    replicas: int = 4
+    """Rollout replicas per policy."""
+    batch: int = 128
+    group: int = 8
+    requests_per_call: int = 4
+    """`rollout.maxBatchSize`: requests a replica fetches and generates together."""
+    new_tokens: int = 4096
+    mode: str = "async"
+    runners: int = 1
+    episodes_in_flight: int = 64
+    speeds: tuple[float, ...] = ()
+    """One factor per replica of a policy (mixed hardware); empty: all 1."""
+    sync_seconds: float = 0.0
+    """Modelled seconds a replica takes to take up a new version."""
+    max_staleness: int = 4
+    """`algorithm.maxStaleness`: with the batch, how far generation may run ahead."""
+    publish_window: int | None = None
+    """Trajectories the runner publishes before awaiting acknowledgements; None: its own."""
+
+    def speed(self, replica: int) -> float:
+        return self.speeds[replica % len(self.speeds)] if self.speeds else 1.0
+
+
+def job_spec(setup: Setup) -> RLJobSpec:
+    workflow = "single" if len(setup.policies) == 1 else "polyrl.bench.simulation:rotating"
+    return RLJobSpec.model_validate(
+        {
+            "policies": [
+                {
+                    "name": name,
+                    "model": {"path": "tiny-llama://bench-simulated"},
+                    "trainer": {"batchSize": setup.batch},
+                    "rollout": {"maxBatchSize": setup.requests_per_call},
+                }
+                for name in setup.policies
+            ],
+            "workflow": {
+                "name": workflow,
+                "replicas": setup.runners,
+                "episodesInFlight": setup.episodes_in_flight,
+                "task": {"name": "arithmetic", "params": {"digits": 2}},
+            },
+            "algorithm": {
+                "mode": setup.mode,
+                "groupSize": setup.group,
+                "maxNewTokens": setup.new_tokens,
+                "maxStaleness": setup.max_staleness,
+            },
+        }
+    )
+
+
+def write_bundle(directory: Path) -> Path:
+    """A model bundle as the runner reads it (tokenizer and config), without a model."""
+    from polyrl.workers.models import chartokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    chartokenizer.backend().save(str(directory / "tokenizer.json"))
+    specials = dict(zip(("pad_token", "bos_token", "eos_token", "unk_token"),
+                        chartokenizer.SPECIAL_TOKENS, strict=True))  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(specials))
+    vocab = len(chartokenizer.vocabulary())
+    (directory / "config.json").write_text(json.dumps({"vocab_size": vocab}))
+    return directory
+
+
+class CharTokenizer:
+    """What a rollout worker needs of a tokenizer (`worker.Tokenizer`), from the bundle."""
+
+    def __init__(self, directory: Path) -> None:
+        from tokenizers import Tokenizer
+
+        from polyrl.workers.models import chartokenizer
+
+        self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self.eos_token_id = chartokenizer.EOS_ID
+        self.special = set(range(len(chartokenizer.SPECIAL_TOKENS)))
+
+    def __len__(self) -> int:
+        return int(self.backend.get_vocab_size())
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        kept = [i for i in ids if not (skip_special_tokens and i in self.special)]
+        return str(self.backend.decode(kept))
+
+
+@dataclass
+class SimulatedJob:
+    """One simulated job's workers, started and stopped together."""
+
+    url: str
+    setup: Setup
+    names: JobNames = field(
+        default_factory=lambda: JobNames(namespace="bench", job=f"sim-{uuid.uuid4().hex[:6]}")
+    )
+    runtimes: list[Any] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    trainers: list[Any] = field(default_factory=list)
+    trainer_tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    rollouts: dict[str, list[Any]] = field(default_factory=dict)
+    runners: list[Any] = field(default_factory=list)
+    runner_tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    @property
+    def spec(self) -> RLJobSpec:
+        return job_spec(self.setup)
+
+    async def connect(self, role: Role, pod: str, policy: str | None) -> Any:
+        from polyrl.workers.runtime.worker import Runtime
+
+        config = WorkerConfig(
+            namespace=self.names.namespace, job=self.names.job, role=role, policy=policy,
+            nats_url=self.url, spec=self.spec,
+        )  # fmt: skip
+        rt = await Runtime.connect(config, pod)
+        self.runtimes.append(rt)
+        return rt
+
+    async def start(self, bundle_dir: Path, *, steps: int | None) -> None:
+        from polyrl.workers.trainer.simulated import SimulatedTrainer
+
+        for name in self.setup.policies:
+            rt = await self.connect(Role.TRAINER, f"{name}-trainer-0", name)
+            trainer = SimulatedTrainer(rt, cost=self.setup.cost, steps=steps,
+                compression=self.setup.compression, bundle_dir=bundle_dir)  # fmt: skip
+            self.trainers.append(trainer)
+            self.trainer_tasks.append(asyncio.create_task(trainer.run()))
+            self.rollouts[name] = [await self._rollout(name, i, bundle_dir)
+                                   for i in range(self.setup.replicas)]  # fmt: skip
+        self.tasks += self.trainer_tasks
+        for i in range(self.setup.runners):
+            await self._start_runner(i)
+
+    async def _rollout(self, policy: str, index: int, bundle_dir: Path) -> Any:
+        from polyrl.workers.rollout.announced import AnnouncedVersions
+        from polyrl.workers.rollout.engines.simulated_engine import SimulatedEngine
+        from polyrl.workers.rollout.worker import ModelFacts, RolloutWorker
+
+        rt = await self.connect(Role.ROLLOUT, f"{policy}-rollout-{index}", policy)
+        engine = SimulatedEngine(self.setup.model, speed=self.setup.speed(index),
+            compression=self.setup.compression, seed=hash((policy, index)) % 2**31)  # fmt: skip
+        weights = AnnouncedVersions(rt.js, self.names, policy, sync_seconds=self.setup.sync_seconds,
+            compression=self.setup.compression)  # fmt: skip
+        tokenizer = CharTokenizer(bundle_dir)
+        worker = RolloutWorker(rt, engine, tokenizer, weights, model=ModelFacts.of(tokenizer))
+        self.tasks.append(asyncio.create_task(worker.run()))
+        return worker
+
+    async def _start_runner(self, index: int) -> None:
+        from polyrl.workers.runner import main as runner_main
+        from polyrl.workers.runtime.window import PublishWindow
+
+        runner = runner_main.build_workflow(
+            await self.connect(Role.WORKFLOW, f"workflow-{index}", None)
+        )
+        if self.setup.publish_window is not None:
+            before = runner.emission.window
+            runner.emission.window = PublishWindow(
+                self.setup.publish_window, on_error=before.on_error
+            )
+        self.runners.append(runner)
+        self.runner_tasks.append(asyncio.create_task(runner.run()))
+        self.tasks += self.runner_tasks[-1:]
+
+    def trained(self) -> int:
+        return sum(len(t.trained_ids) for t in self.trainers)
+
+    async def stored(self) -> int:
+        """Trajectories the policies' streams took so far (each goes to its trainer)."""
+        js = self.runtimes[0].js
+        infos = [
+            await js.stream_info(self.names.trajectories_stream(p)) for p in self.setup.policies
+        ]
+        return sum(info.state.messages for info in infos)
+
+    def engines(self) -> list[Any]:
+        return [w.engine for workers in self.rollouts.values() for w in workers]
+
+    async def finished(self, timeout: float) -> None:
+        """Until every trainer reached its last step (TimeoutError after `timeout`)."""
+        await asyncio.wait_for(asyncio.gather(*self.trainer_tasks), timeout)
+
+    async def stop(self) -> None:
+        """The runners first, while rollouts still answer what they wait for, then the rest."""
+        for runner in self.runners:
+            runner.rt.stopping.set()
+        await asyncio.wait_for(asyncio.gather(*self.runner_tasks, return_exceptions=True), 60)
+        for rt in self.runtimes:
+            rt.stopping.set()
+        await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 60)
+        await asyncio.gather(*(rt.close() for rt in self.runtimes))
+        with contextlib.suppress(Exception):
+            nc = await nats.connect(self.url)
+            try:
+                await natsconfig.remove(nc.jetstream(), self.names, list(self.setup.policies))
+            finally:
+                await nc.close()
