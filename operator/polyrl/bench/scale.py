@@ -5,13 +5,15 @@ whose every call takes `CALL_SECONDS` of wall time (compression 1: a replica of 
 answering `PER_CALL` requests of `GROUP` samples at once), so what `R` replicas could supply
 is known exactly: `capacity_samples_per_s = 3 * R * PER_CALL * GROUP / CALL_SECONDS`. The
 workflow runner (`rotating`: one group per episode, the policies in turn) and the three
-trainers (`SimulatedTrainer`, their step free) are real as well, all in this one process, on
-an embedded nats-server (`polyrl.bench.simulation`).
+trainers (`SimulatedTrainer`, their step free) are real as well, on an embedded nats-server
+(`polyrl.bench.simulation`); the replicas and trainers share this process.
 
 Per replica count: samples/s stored on the trajectory streams (`trained_per_s`: taken by the
 trainers, in whole batches) over a window after a warm-up, against
-the capacity; the process's CPU time per sample (`orchestration_us_per_sample`: the runner,
-replicas and trainers together, since they share this process); nats-server's CPU share;
+the capacity; CPU time per sample (`orchestration_us_per_sample`) in all and split: each
+workflow runner runs in a process of its own (`runner_process`, as in a pod:
+`runner_us_per_sample`, `runner_cpu_share` of one core), the replicas and trainers share this
+one (`replicas_trainers_us_per_sample`, `process_cpu_share`), and nats-server's;
 request-queue fairness (`fairness_max_over_min`: the most requests a replica of a policy
 served in the window over the fewest); and the part at its limit (`saturated`). The largest
 count runs twice more: with the runner awaiting each trajectory's acknowledgement before the
@@ -51,6 +53,7 @@ def setup(replicas: int, **changes: Any) -> simulation.Setup:
         max_staleness=MAX_STALENESS,
         # enough episodes to keep every replica's next call queued behind its current one
         episodes_in_flight=max(64, 2 * len(POLICIES) * replicas * PER_CALL),
+        runner_processes=True,
     )  # fmt: skip
     return dataclasses.replace(base, **changes)
 
@@ -68,27 +71,34 @@ async def measure(url: str, nats_pid: int | None, bundle: Path, config: simulati
     try:
         await asyncio.sleep(warmup)
         stored0, trained0, served0 = await job.stored(), job.trained(), _served(job)
+        runner_pids = [proc.pid for proc in job.runner_procs]
+        runners0 = [_cpu_seconds(pid) for pid in runner_pids]
         cpu0, nats0 = time.process_time(), _cpu_seconds(nats_pid) if nats_pid else 0.0
         started = time.monotonic()
         await asyncio.sleep(window)
         seconds = time.monotonic() - started
         cpu = time.process_time() - cpu0
         nats_cpu = (_cpu_seconds(nats_pid) - nats0) if nats_pid else 0.0
+        runner_cpu = [_cpu_seconds(pid) - c for pid, c in zip(runner_pids, runners0, strict=True)]
         samples, trained = await job.stored() - stored0, job.trained() - trained0
         served = {k: v - served0[k] for k, v in _served(job).items()}
-        failed = sum(r.failed for r in job.runners)
     finally:
         await job.stop()
+    failed = job.failed
     capacity = len(POLICIES) * config.replicas * PER_CALL * GROUP / CALL_SECONDS
     rate = samples / seconds
-    figures = {
+    figures: dict[str, Any] = {
         "replicas_per_policy": config.replicas,
         "runners": config.runners,
         "capacity_samples_per_s": round(capacity, 1),
         "samples_per_s": round(rate, 1),
         "trained_per_s": round(trained / seconds, 1),
         "of_capacity": round(rate / capacity, 3),
-        "orchestration_us_per_sample": round(1e6 * cpu / samples, 1) if samples else None,
+        "orchestration_us_per_sample": _per_sample(cpu + sum(runner_cpu) + nats_cpu, samples),
+        "runner_us_per_sample": _per_sample(sum(runner_cpu), samples),
+        "replicas_trainers_us_per_sample": _per_sample(cpu, samples),
+        "nats_us_per_sample": _per_sample(nats_cpu, samples),
+        "runner_cpu_share": round(max(runner_cpu) / seconds, 3),
         "process_cpu_share": round(cpu / seconds, 3),
         "nats_cpu_share": round(nats_cpu / seconds, 3),
         "fairness_max_over_min": _fairness(served, config.replicas),
@@ -96,6 +106,10 @@ async def measure(url: str, nats_pid: int | None, bundle: Path, config: simulati
     }
     figures["saturated"] = _saturated(figures)
     return figures
+
+
+def _per_sample(cpu: float, samples: int) -> float | None:
+    return round(1e6 * cpu / samples, 1) if samples else None
 
 
 def _served(job: simulation.SimulatedJob) -> dict[str, int]:
@@ -114,16 +128,17 @@ def _fairness(served: dict[str, int], replicas: int) -> float | None:
 
 
 def _saturated(figures: dict[str, Any]) -> str:
-    """What holds the rate below capacity: this process's one core (the runner, replicas and
-    trainers share its event loop), nats-server, or nothing (the replicas: below capacity by
-    less than 10%)."""
+    """What holds the rate below capacity: a workflow runner's core, the core the replicas
+    and trainers share in this process, nats-server, or nothing (within 10% of capacity)."""
     if figures["of_capacity"] >= 0.9:
-        return "none (replicas)"
+        return "none (the replicas)"
+    if figures["runner_cpu_share"] >= 0.85:
+        return "workflow runner CPU"
     if figures["process_cpu_share"] >= 0.85:
-        return "bench process CPU (runner, replicas and trainers on one event loop)"
+        return "replicas' and trainers' process CPU (one event loop)"
     if figures["nats_cpu_share"] >= 0.85:
         return "nats-server CPU"
-    return "latency (the runner's episodes or the trainers' intake)"
+    return "latency (round trips, not CPU)"
 
 
 async def _measure(url: str, nats_pid: int | None, bundle: Path, quick: bool) -> dict[str, Any]:

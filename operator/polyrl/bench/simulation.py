@@ -18,6 +18,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import signal
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +81,9 @@ class Setup:
     """`algorithm.maxStaleness`: with the batch, how far generation may run ahead."""
     publish_window: int | None = None
     """Trajectories the runner publishes before awaiting acknowledgements; None: its own."""
+    runner_processes: bool = False
+    """Each workflow runner in a process of its own (`runner_process`), as in a pod; else
+    on this process's event loop with everything else."""
 
     def speed(self, replica: int) -> float:
         return self.speeds[replica % len(self.speeds)] if self.speeds else 1.0
@@ -162,6 +168,8 @@ class SimulatedJob:
     rollouts: dict[str, list[Any]] = field(default_factory=dict)
     runners: list[Any] = field(default_factory=list)
     runner_tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    runner_procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    failed_in_processes: int = 0
 
     @property
     def spec(self) -> RLJobSpec:
@@ -191,7 +199,10 @@ class SimulatedJob:
                                    for i in range(self.setup.replicas)]  # fmt: skip
         self.tasks += self.trainer_tasks
         for i in range(self.setup.runners):
-            await self._start_runner(i)
+            if self.setup.runner_processes:
+                self._spawn_runner(i, bundle_dir)
+            else:
+                await self._start_runner(i)
 
     async def _rollout(self, policy: str, index: int, bundle_dir: Path) -> Any:
         from polyrl.workers.rollout.announced import AnnouncedVersions
@@ -207,6 +218,17 @@ class SimulatedJob:
         worker = RolloutWorker(rt, engine, tokenizer, weights, model=ModelFacts.of(tokenizer))
         self.tasks.append(asyncio.create_task(worker.run()))
         return worker
+
+    def _spawn_runner(self, index: int, bundle_dir: Path) -> None:
+        spec_file = bundle_dir.parent / f"{self.names.job}.json"
+        spec_file.write_text(self.spec.model_dump_json(by_alias=True, exclude_none=True))
+        argv = [
+            sys.executable, "-m", "polyrl.bench.runner_process", "--url", self.url,
+            "--namespace", self.names.namespace, "--job", self.names.job,
+            "--pod", f"workflow-{index}", "--spec", str(spec_file),
+            "--publish-window", str(self.setup.publish_window or 0),
+        ]  # fmt: skip
+        self.runner_procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
 
     async def _start_runner(self, index: int) -> None:
         from polyrl.workers.runner import main as runner_main
@@ -242,11 +264,28 @@ class SimulatedJob:
         """Until every trainer reached its last step (TimeoutError after `timeout`)."""
         await asyncio.wait_for(asyncio.gather(*self.trainer_tasks), timeout)
 
+    @property
+    def failed(self) -> int:
+        """Episodes that failed, over every runner."""
+        return int(sum(r.failed for r in self.runners)) + self.failed_in_processes
+
     async def stop(self) -> None:
         """The runners first, while rollouts still answer what they wait for, then the rest."""
         for runner in self.runners:
             runner.rt.stopping.set()
+        for proc in self.runner_procs:
+            proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(asyncio.gather(*self.runner_tasks, return_exceptions=True), 60)
+        for proc in self.runner_procs:
+            try:
+                out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"workflow runner {proc.pid} did not stop in 60 s") from None
+            if proc.returncode != 0:
+                raise RuntimeError(f"workflow runner {proc.pid} exited with {proc.returncode}")
+            self.failed_in_processes += int(json.loads(out.strip().splitlines()[-1])["failed"])
         for rt in self.runtimes:
             rt.stopping.set()
         await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 60)
