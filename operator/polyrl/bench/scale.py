@@ -13,7 +13,8 @@ trainers, in whole batches) over a window after a warm-up, against
 the capacity; CPU time per sample (`orchestration_us_per_sample`) in all and split: each
 workflow runner runs in a process of its own (`runner_process`, as in a pod:
 `runner_us_per_sample`, `runner_cpu_share` of one core), the replicas and trainers share this
-one (`replicas_trainers_us_per_sample`, `process_cpu_share`), and nats-server's;
+one (`replicas_trainers_us_per_sample`, `process_cpu_share`), and nats-server's (all three:
+`machine_cpu_share` of every core);
 request-queue fairness (`fairness_max_over_min`: the most requests a replica of a policy
 served in the window over the fewest); and the part at its limit (`saturated`). The largest
 count runs twice more: with the runner awaiting each trajectory's acknowledgement before the
@@ -39,6 +40,7 @@ CALL_SECONDS, PER_CALL, GROUP, NEW_TOKENS, BATCH = 0.5, 4, 8, 16, 128
 # Generation may run this many batches ahead: 33 * 128 samples per policy are 528 requests,
 # room for 64 replicas' calls in flight and one queued behind each.
 MAX_STALENESS = 32
+CORES = os.cpu_count() or 1
 QUICK = {"replicas": (1, 4), "warmup": 2.0, "window": 3.0}
 FULL = {"replicas": (1, 8, 32, 64), "warmup": 6.0, "window": 12.0}
 
@@ -99,6 +101,7 @@ async def measure(url: str, nats_pid: int | None, bundle: Path, config: simulati
         "replicas_trainers_us_per_sample": _per_sample(cpu, samples),
         "nats_us_per_sample": _per_sample(nats_cpu, samples),
         "runner_cpu_share": round(max(runner_cpu) / seconds, 3),
+        "machine_cpu_share": round((cpu + sum(runner_cpu) + nats_cpu) / seconds / CORES, 3),
         "process_cpu_share": round(cpu / seconds, 3),
         "nats_cpu_share": round(nats_cpu / seconds, 3),
         "fairness_max_over_min": _fairness(served, config.replicas),
@@ -128,10 +131,13 @@ def _fairness(served: dict[str, int], replicas: int) -> float | None:
 
 
 def _saturated(figures: dict[str, Any]) -> str:
-    """What holds the rate below capacity: a workflow runner's core, the core the replicas
-    and trainers share in this process, nats-server, or nothing (within 10% of capacity)."""
+    """What holds the rate below capacity: the machine's cores, a workflow runner's core, the
+    core the replicas and trainers share in this process, nats-server, or nothing (within
+    10% of capacity)."""
     if figures["of_capacity"] >= 0.9:
         return "none (the replicas)"
+    if figures["machine_cpu_share"] >= 0.85:
+        return f"the machine's {CORES} cores (runner, replicas and nats-server together)"
     if figures["runner_cpu_share"] >= 0.85:
         return "workflow runner CPU"
     if figures["process_cpu_share"] >= 0.85:
