@@ -32,13 +32,16 @@ def plot(figures: dict[str, Any], out: Path) -> None:
     left.set_title(f"{plotted['tail']} tail, generation:training {plotted['ratio']:g}")
     left.legend()
     cells = figures["cells"]
-    labels = [f"{c['tail']}\n{c['ratio']:g}" for c in cells]
+    labels = [
+        f"{c['tail']}\n{c['ratio']:g}" + ("\nmixed" if c.get("hardware") == "mixed" else "")
+        for c in cells
+    ]
     x = range(len(cells))
     right.bar([i - 0.2 for i in x], [c["ideal_speedup"] for c in cells], 0.4, label="ideal")
     measured = [c["async_vs_sync_speedup"] for c in cells]
     right.bar([i + 0.2 for i in x], measured, 0.4, label="async / sync")
     right.set_xticks(list(x), labels)
-    right.set_xlabel("tail, generation:training")
+    right.set_xlabel("tail, generation:training (mixed: half the replicas at half speed)")
     right.set_ylabel("speedup over sync")
     right.legend()
     fig.tight_layout()

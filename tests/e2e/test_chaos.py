@@ -662,7 +662,10 @@ def test_a_remote_pool_cut_off_for_30_s_serves_only_announced_weights_and_the_la
     assert all(version <= announced for version, announced in seen)
     versions = [version for version, _ in seen]
     assert versions == sorted(versions)
-    assert after_heal["versions"] <= keyframe_every
+    # Soon after, in time: how many versions come out meanwhile depends on how fast the home
+    # pool trains, and the remote's delayed answers arriving at once after the heal can make
+    # several steps a second (23 versions in 1.5 s, once), so that count is reported only.
+    assert after_heal["seconds"] <= 10.0
     assert acc.trained_once > 0
 
 

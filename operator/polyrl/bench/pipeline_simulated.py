@@ -8,7 +8,8 @@ sync mode and in async mode, one after the other on one nats-server, and compare
 steps (the first, which fills the pipeline, left out).
 
 The grid: generation to training time `ratio` in {0.25, 1, 4} by a light or heavy long tail of
-response lengths. Generation time is `t_gen`, a batch's generation with every replica busy
+response lengths, on 4 replicas of one speed; and one cell on mixed hardware (two of the
+replicas at half the speed: sync rounds wait for the slow ones). Generation time is `t_gen`, a batch's generation with every replica busy
 (what async mode pays per batch when generation is the slower side); a sync step also waits
 for the batch's slowest replica, `t_makespan`. Both come from a Monte Carlo of the latency
 model alone, without NATS (`runtime.simulation.expected_times`), and give
@@ -45,34 +46,43 @@ from polyrl.workers.runtime.simulation import (
 REPLICAS, BATCH, GROUP, PER_CALL, PROMPT_TOKENS, LIMIT = 4, 128, 8, 4, 10, 4096
 TAILS = {"light": 0.3, "heavy": 1.0}
 RATIOS = (0.25, 1.0, 4.0)
-QUICK = {"steps": 4, "step_wall": 1.0, "cells": [("light", 1.0), ("heavy", 1.0)]}
-FULL = {"steps": 12, "step_wall": 4.0, "cells": [(t, r) for t in TAILS for r in RATIOS]}
-PLOTTED = ("heavy", 1.0)  # the cell whose throughput over time is returned for the docs' plot
+# Replica speed factors: one hardware type, or two (half the replicas at half the speed).
+HARDWARE = {"uniform": (1.0,) * REPLICAS, "mixed": (1.0, 1.0, 0.5, 0.5)}
+QUICK = {"steps": 4, "step_wall": 1.0,
+         "cells": [("light", 1.0, "uniform"), ("heavy", 1.0, "uniform")]}  # fmt: skip
+FULL = {"steps": 12, "step_wall": 4.0,
+        "cells": [(t, r, "uniform") for t in TAILS for r in RATIOS] + [("heavy", 1.0, "mixed")]}  # fmt: skip
+PLOTTED = (
+    "heavy",
+    1.0,
+    "uniform",
+)  # the cell whose throughput over time is returned for the docs' plot
 
 
 def latency(tail: str) -> LatencyModel:
     return LatencyModel(prefill=1e-3, decode=0.05, median_tokens=256, tail=TAILS[tail])
 
 
-def shape() -> Shape:
-    return Shape(batch=BATCH, group=GROUP, speeds=(1.0,) * REPLICAS,
+def shape(hardware: str) -> Shape:
+    return Shape(batch=BATCH, group=GROUP, speeds=HARDWARE[hardware],
                  requests_per_call=PER_CALL, prompt_tokens=PROMPT_TOKENS, limit=LIMIT)  # fmt: skip
 
 
-def plan(tail: str, ratio: float, step_wall: float) -> dict[str, Any]:
+def plan(tail: str, ratio: float, hardware: str, step_wall: float) -> dict[str, Any]:
     """The cell's modelled figures and the setup both modes run."""
     model = latency(tail)
-    t_makespan, t_gen = expected_times(model, shape())
+    t_makespan, t_gen = expected_times(model, shape(hardware))
     t_train = t_gen / ratio
-    tokens = expected_batch_tokens(model, shape())
+    tokens = expected_batch_tokens(model, shape(hardware))
     compression = (t_makespan + t_train) / step_wall
     setup = simulation.Setup(
         model=model, cost=TrainCost(per_token=t_train / tokens), compression=compression,
         replicas=REPLICAS, batch=BATCH, group=GROUP, requests_per_call=PER_CALL,
-        new_tokens=LIMIT, episodes_in_flight=64,
+        new_tokens=LIMIT, episodes_in_flight=64, speeds=HARDWARE[hardware],
     )  # fmt: skip
     return {
-        "tail": tail, "ratio": ratio, "tail_sigma": TAILS[tail], "t_gen": t_gen,
+        "tail": tail, "ratio": ratio, "hardware": hardware, "speeds": list(HARDWARE[hardware]),
+        "tail_sigma": TAILS[tail], "t_gen": t_gen,
         "t_makespan": t_makespan, "t_train": t_train, "compression": compression,
         "ideal_speedup": ideal_speedup(t_makespan, t_gen, t_train), "setup": setup,
     }  # fmt: skip
@@ -123,9 +133,9 @@ def realized(setup: simulation.Setup, records: list[dict[str, Any]],
     return max(generation, sum(train) / len(train))
 
 
-async def cell(url: str, bundle: Path, tail: str, ratio: float, quick: bool) -> dict[str, Any]:
+async def cell(url: str, bundle: Path, key: tuple[str, float, str], quick: bool) -> dict[str, Any]:
     knobs: dict[str, Any] = QUICK if quick else FULL
-    planned = plan(tail, ratio, knobs["step_wall"])
+    planned = plan(*key, step_wall=knobs["step_wall"])
     setup: simulation.Setup = planned.pop("setup")
     modes = {}
     for mode in ("sync", "async"):
@@ -141,7 +151,7 @@ async def cell(url: str, bundle: Path, tail: str, ratio: float, quick: bool) -> 
         out[f"{mode}_orchestration_ms_per_step"] = round(1000 * overhead, 1)
         out[f"{mode}_mean_staleness"] = round(figures["mean_staleness"], 2)
         out[f"{mode}_stale_dropped"] = figures["stale_dropped"]
-        if (tail, ratio) == PLOTTED:
+        if key == PLOTTED:
             out[f"{mode}_series"] = figures["series"]
     speedup = modes["sync"]["wall_s_per_step"] / modes["async"]["wall_s_per_step"]
     out["async_vs_sync_speedup"] = round(speedup, 3)
@@ -160,7 +170,7 @@ def _with(setup: simulation.Setup, **changes: Any) -> simulation.Setup:
 
 async def _measure(url: str, bundle: Path, quick: bool) -> dict[str, Any]:
     knobs: dict[str, Any] = QUICK if quick else FULL
-    cells = [await cell(url, bundle, tail, ratio, quick) for tail, ratio in knobs["cells"]]
+    cells = [await cell(url, bundle, key, quick) for key in knobs["cells"]]
     return {
         "quick": quick, "simulated": True, "steps": knobs["steps"], "replicas": REPLICAS,
         "batch": BATCH, "group": GROUP, "requests_per_call": PER_CALL,

@@ -63,8 +63,22 @@ async def run(p: JobReconcile, pods: Sequence[PodInfo]) -> None:
             await p.ctx.kube.delete_pod(p.ns, current.name, current.uid)
             if current.phase == "Failed":
                 _failed(p, current)
+    await _retire_extra(p, runners, {launch.name for launch in launches})
     if not waiting and runners and all(x.ready for x in runners) and _calm(p):
         p.status.workflow_failures, p.status.last_failure = 0, None
+
+
+async def _retire_extra(p: JobReconcile, runners: Sequence[PodInfo], wanted: set[str]) -> None:
+    """Runners beyond `workflow.replicas` (it was lowered) go. Deleted, a runner gets SIGTERM
+    and drains: its episodes in flight finish within the pod's grace period (sooner once
+    nothing comes back for 5 s), nothing it emitted is lost (its publish window is flushed);
+    the runners left are replaced with the new count in their spec, which sets each one's
+    share of the episodes and of the staleness bound."""
+    for pod in runners:
+        if pod.name not in wanted and not pod.deleting:
+            log.info("%s/%s: workflow runner %s retired (workflow.replicas is %d)",
+                     p.ns, p.name, pod.name, p.job.spec.workflow.replicas)  # fmt: skip
+            await p.ctx.kube.delete_pod(p.ns, pod.name, pod.uid)
 
 
 def _failed(p: JobReconcile, pod: PodInfo) -> None:

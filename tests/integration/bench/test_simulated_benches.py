@@ -14,7 +14,10 @@ def test_the_simulated_pipeline_grid_measures_async_against_sync_beside_the_idea
     figures = pipeline.run(quick=True, simulated=True)
     assert figures["simulated"] is True
     cells = figures["cells"]
-    assert [(c["tail"], c["ratio"]) for c in cells] == [("light", 1.0), ("heavy", 1.0)]
+    assert [(c["tail"], c["ratio"], c["hardware"]) for c in cells] == [
+        ("light", 1.0, "uniform"),
+        ("heavy", 1.0, "uniform"),
+    ]
     for c in cells:
         assert c["t_makespan"] > c["t_gen"] > 0
         assert c["ideal_speedup"] > 1

@@ -580,6 +580,20 @@ def test_editing_the_image_rolls_out_to_every_pod(kubectl: Kubectl, ns: str) -> 
     wait_until("every pod on worker:2", images, timeout=60)
 
 
+def test_lowering_workflow_replicas_retires_the_runners_beyond_it(
+    kubectl: Kubectl, ns: str, operator: OperatorProcess
+) -> None:
+    doc = job_doc("runners", workflow={"replicas": 3})
+    apply(kubectl, ns, doc)
+    selector = "polyrl.dev/job=runners,polyrl.dev/role=workflow"
+    wait_running(kubectl, ns, selector, 3)
+    doc["spec"]["workflow"]["replicas"] = 1
+    apply(kubectl, ns, doc)
+    assert wait_running(kubectl, ns, selector, 1, timeout=60) == ["runners-workflow-0"]
+    two_more_passes(kubectl, operator, "rljob")
+    assert running_names(kubectl, ns, selector) == ["runners-workflow-0"]
+
+
 def test_editing_the_jobs_rollout_replicas_warns_and_keeps_the_scaled_group(
     kubectl: Kubectl, ns: str
 ) -> None:
