@@ -24,16 +24,14 @@ step took beyond it: the system's own cost, in wall time.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
 import itertools
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from polyrl.bench import simulation
-from polyrl.local.natsserver import NatsServer
 from polyrl.workers.runtime.simulation import (
     LatencyModel,
     Shape,
@@ -168,7 +166,7 @@ def _with(setup: simulation.Setup, **changes: Any) -> simulation.Setup:
     return dataclasses.replace(setup, **changes)
 
 
-async def _measure(url: str, bundle: Path, quick: bool) -> dict[str, Any]:
+async def _measure(url: str, nats_pid: int | None, bundle: Path, *, quick: bool) -> dict[str, Any]:
     knobs: dict[str, Any] = QUICK if quick else FULL
     cells = [await cell(url, bundle, key, quick) for key in knobs["cells"]]
     return {
@@ -180,12 +178,4 @@ async def _measure(url: str, bundle: Path, quick: bool) -> dict[str, Any]:
 
 
 def run(*, quick: bool) -> dict[str, Any]:
-    started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory(prefix="polyrl-bench-simulated-") as tmp,
-        NatsServer(Path(tmp) / "nats") as server,
-    ):
-        bundle = simulation.write_bundle(Path(tmp) / "bundle")
-        figures = asyncio.run(_measure(server.url, bundle, quick))
-    figures["total_s"] = round(time.monotonic() - started, 1)
-    return figures
+    return simulation.run_on_server("simulated", functools.partial(_measure, quick=quick))

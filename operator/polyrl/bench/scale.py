@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from polyrl.bench import simulation
-from polyrl.local.natsserver import NatsServer
 from polyrl.workers.runtime.simulation import LatencyModel, TrainCost
 
 POLICIES = ("alpha", "beta", "gamma")
@@ -147,7 +146,7 @@ def _saturated(figures: dict[str, Any]) -> str:
     return "latency (round trips, not CPU)"
 
 
-async def _measure(url: str, nats_pid: int | None, bundle: Path, quick: bool) -> dict[str, Any]:
+async def _measure(url: str, nats_pid: int | None, bundle: Path, *, quick: bool) -> dict[str, Any]:
     knobs: dict[str, Any] = QUICK if quick else FULL
     timing = {"warmup": knobs["warmup"], "window": knobs["window"]}
     rows = [await measure(url, nats_pid, bundle, setup(n), **timing) for n in knobs["replicas"]]
@@ -167,13 +166,4 @@ async def _measure(url: str, nats_pid: int | None, bundle: Path, quick: bool) ->
 
 
 def run(*, quick: bool) -> dict[str, Any]:
-    started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory(prefix="polyrl-bench-scale-") as tmp,
-        NatsServer(Path(tmp) / "nats") as server,
-    ):
-        bundle = simulation.write_bundle(Path(tmp) / "bundle")
-        pid = server.proc.pid if server.proc is not None else None
-        figures = asyncio.run(_measure(server.url, pid, bundle, quick))
-    figures["total_s"] = round(time.monotonic() - started, 1)
-    return figures
+    return simulation.run_on_server("scale", functools.partial(_measure, quick=quick))

@@ -21,7 +21,10 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from polyrl.api import natsconfig
 from polyrl.api.launch import Role, WorkerConfig
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
+from polyrl.local.natsserver import NatsServer
 from polyrl.workers.runtime.simulation import LatencyModel, TrainCost
 from polyrl.workers.tasks.rewards import RewardFailed
 from polyrl.workers.workflows.episode import Episode
@@ -130,6 +134,25 @@ def write_bundle(directory: Path) -> Path:
     vocab = len(chartokenizer.vocabulary())
     (directory / "config.json").write_text(json.dumps({"vocab_size": vocab}))
     return directory
+
+
+Measure = Callable[[str, int | None, Path], Coroutine[Any, Any, dict[str, Any]]]
+"""A benchmark's measurements, given the server's URL, its PID and the bundle's directory."""
+
+
+def run_on_server(name: str, measure: Measure) -> dict[str, Any]:
+    """`measure` on a fresh embedded nats-server with the bundle written, both removed after;
+    its figures with the run's `total_s`."""
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix=f"polyrl-bench-{name}-") as tmp,
+        NatsServer(Path(tmp) / "nats") as server,
+    ):
+        bundle = write_bundle(Path(tmp) / "bundle")
+        pid = server.proc.pid if server.proc is not None else None
+        figures = asyncio.run(measure(server.url, pid, bundle))
+    figures["total_s"] = round(time.monotonic() - started, 1)
+    return figures
 
 
 class CharTokenizer:
