@@ -1,12 +1,14 @@
 """Simulated jobs: the real data plane and workers with modelled generation and training.
 
-What runs, in this one process, on an embedded nats-server: the real workflow runner(s)
-(`workflow.replicas`), the real rollout workers (`RolloutWorker`, each with its own NATS
-connection, as pods have) over `SimulatedEngine` and `AnnouncedVersions`, and one
-`SimulatedTrainer` per policy (the trainer's NATS side and intake, its step modelled). The
-latency model and the trainer's cost are `polyrl.workers.runtime.simulation`'s; modelled time
-runs `compression` times faster than wall time. Nothing imports torch: the bundle the runner
-reads its tokenizer from is the character tokenizer's files, written with `tokenizers` alone.
+What runs, on an embedded nats-server: the real workflow runner(s) (`workflow.replicas`; in
+this process, or each in a process of its own with `Setup.runner_processes`, as in a pod),
+the real rollout workers (`RolloutWorker`, each with its own NATS connection, as pods have)
+over `SimulatedEngine` and `AnnouncedVersions`, and one `SimulatedTrainer` per policy (the
+trainer's NATS side and intake, its step modelled), the replicas and trainers in this process.
+The latency model and the trainer's cost are `polyrl.workers.runtime.simulation`'s; modelled
+time runs `compression` times faster than wall time. Nothing imports torch: the bundle the
+runner reads its tokenizer from is the character tokenizer's files, written with `tokenizers`
+alone.
 
 Several policies are served by the entry-point workflow `rotating` below: each episode asks
 the next policy in turn for one group, as `single` does for one policy.

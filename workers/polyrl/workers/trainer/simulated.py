@@ -23,6 +23,7 @@ from typing import Any
 
 from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
+from polyrl.api.resources import Mode
 from polyrl.workers.runtime.simulation import TrainCost
 from polyrl.workers.runtime.worker import Runtime
 from polyrl.workers.trainer.intake import pull_batch
@@ -47,7 +48,7 @@ class SimulatedTrainer:
         self.bundle_dir = bundle_dir
         spec = rt.config.spec
         self.batch = spec.policy(self.policy).trainer.batch_size  # type: ignore[union-attr]
-        self.sync = spec.algorithm.mode == "sync"
+        self.sync = spec.algorithm.mode == Mode.SYNC
         self.max_staleness = 0 if self.sync else spec.algorithm.max_staleness
         self.version = self.step = 0
         self.records: list[dict[str, Any]] = []
