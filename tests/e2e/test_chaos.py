@@ -375,7 +375,13 @@ def test_a_job_preempted_by_kueue_checkpoints_and_resumes_losing_no_step(
         wait_until(
             "the urgent job admitted", lambda: said("urgent", "Admitted") == "True", timeout=60
         )
-        assert said(case.name, "Admitted") == "False"  # it waits while the urgent one runs
+        # It waits while the urgent one runs (the operator says so at its next status pass).
+        wait_until(
+            "the preempted job not admitted while the urgent one runs",
+            lambda: said(case.name, "Admitted") == "False",
+            timeout=30,
+        )
+        assert said("urgent", "Admitted") == "True"
         Case(kubectl, ns, "urgent", case.logs, stack.nats_server).finish()
         timings["urgent"] = time.monotonic() - started
         wait_until(

@@ -589,7 +589,13 @@ def test_lowering_workflow_replicas_retires_the_runners_beyond_it(
     wait_running(kubectl, ns, selector, 3)
     doc["spec"]["workflow"]["replicas"] = 1
     apply(kubectl, ns, doc)
-    assert wait_running(kubectl, ns, selector, 1, timeout=60) == ["runners-workflow-0"]
+    # The pods go one by one (runner 0 is replaced: its spec says 1 runner now), so one
+    # running pod alone is not the end state: runner 0, fresh, alone is.
+    wait_until(
+        "runner 0 alone running",
+        lambda: running_names(kubectl, ns, selector) == ["runners-workflow-0"],
+        timeout=60,
+    )
     two_more_passes(kubectl, operator, "rljob")
     assert running_names(kubectl, ns, selector) == ["runners-workflow-0"]
 
