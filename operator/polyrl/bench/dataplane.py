@@ -36,11 +36,12 @@ import nats
 from nats.js.api import StreamConfig
 
 from polyrl.api import natsconfig
-from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.launch import Role
 from polyrl.api.messages import WorkerState
 from polyrl.api.naming import JobNames
 from polyrl.api.resources import ModelSource, RLJobSpec
 from polyrl.api.wire import Trajectory
+from polyrl.bench import simulation
 from polyrl.local.natsserver import NatsServer
 
 POLICY = "solver"
@@ -127,14 +128,8 @@ class Pipeline:
     trainer_task: asyncio.Task[Any] | None = None
 
     async def connect(self, role: Role, pod: str) -> Any:
-        from polyrl.workers.runtime.worker import Runtime
-
         policy = None if role == Role.WORKFLOW else POLICY
-        config = WorkerConfig(
-            namespace=self.names.namespace, job=self.names.job, role=role, policy=policy,
-            nats_url=self.url, spec=self.spec,
-        )  # fmt: skip
-        rt = await Runtime.connect(config, pod)
+        rt = await simulation.connect_worker(self.url, self.names, self.spec, role, pod, policy)
         self.runtimes.append(rt)
         return rt
 

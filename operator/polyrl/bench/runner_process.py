@@ -17,28 +17,22 @@ import asyncio
 import json
 from pathlib import Path
 
-from polyrl.api.launch import Role, WorkerConfig
+from polyrl.api.launch import Role
+from polyrl.api.naming import JobNames
 from polyrl.api.resources import RLJobSpec
+from polyrl.bench import simulation
 
 
 async def serve(args: argparse.Namespace, spec: RLJobSpec) -> int:
-    from polyrl.workers.runner import main as runner_main
-    from polyrl.workers.runtime.window import PublishWindow
-    from polyrl.workers.runtime.worker import Runtime
-
-    config = WorkerConfig(namespace=args.namespace, job=args.job, role=Role.WORKFLOW,
-                          policy=None, nats_url=args.url, spec=spec)  # fmt: skip
-    rt = await Runtime.connect(config, args.pod)
+    names = JobNames(namespace=args.namespace, job=args.job)
+    rt = await simulation.connect_worker(args.url, names, spec, Role.WORKFLOW, args.pod, None)
     rt.install_signal_handlers()
-    runner = runner_main.build_workflow(rt)
-    if args.publish_window:
-        before = runner.emission.window
-        runner.emission.window = PublishWindow(args.publish_window, on_error=before.on_error)
+    runner = simulation.build_runner(rt, args.publish_window)
     try:
         await runner.run()
     finally:
         await rt.close()
-    return runner.failed
+    return int(runner.failed)
 
 
 def main() -> None:

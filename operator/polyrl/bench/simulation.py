@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import signal
@@ -138,6 +139,30 @@ def write_bundle(directory: Path) -> Path:
     return directory
 
 
+async def connect_worker(
+    url: str, names: JobNames, spec: RLJobSpec, role: Role, pod: str, policy: str | None
+) -> Any:
+    """A worker's `Runtime` on the job, as its pod would connect (the benchmarks' workers)."""
+    from polyrl.workers.runtime.worker import Runtime
+
+    config = WorkerConfig(namespace=names.namespace, job=names.job, role=role, policy=policy,
+                          nats_url=url, spec=spec)  # fmt: skip
+    return await Runtime.connect(config, pod)
+
+
+def build_runner(rt: Any, publish_window: int | None) -> Any:
+    """The job's workflow runner on `rt`; `publish_window` replaces its own publish window's
+    size (1: each trajectory's acknowledgement awaited before the next, as before it)."""
+    from polyrl.workers.runner import main as runner_main
+    from polyrl.workers.runtime.window import PublishWindow
+
+    runner = runner_main.build_workflow(rt)
+    if publish_window:
+        before = runner.emission.window
+        runner.emission.window = PublishWindow(publish_window, on_error=before.on_error)
+    return runner
+
+
 Measure = Callable[[str, int | None, Path], Coroutine[Any, Any, dict[str, Any]]]
 """A benchmark's measurements, given the server's URL, its PID and the bundle's directory."""
 
@@ -196,18 +221,12 @@ class SimulatedJob:
     runner_procs: list[subprocess.Popen[str]] = field(default_factory=list)
     failed_in_processes: int = 0
 
-    @property
+    @functools.cached_property
     def spec(self) -> RLJobSpec:
         return job_spec(self.setup)
 
     async def connect(self, role: Role, pod: str, policy: str | None) -> Any:
-        from polyrl.workers.runtime.worker import Runtime
-
-        config = WorkerConfig(
-            namespace=self.names.namespace, job=self.names.job, role=role, policy=policy,
-            nats_url=self.url, spec=self.spec,
-        )  # fmt: skip
-        rt = await Runtime.connect(config, pod)
+        rt = await connect_worker(self.url, self.names, self.spec, role, pod, policy)
         self.runtimes.append(rt)
         return rt
 
@@ -256,17 +275,8 @@ class SimulatedJob:
         self.runner_procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
 
     async def _start_runner(self, index: int) -> None:
-        from polyrl.workers.runner import main as runner_main
-        from polyrl.workers.runtime.window import PublishWindow
-
-        runner = runner_main.build_workflow(
-            await self.connect(Role.WORKFLOW, f"workflow-{index}", None)
-        )
-        if self.setup.publish_window is not None:
-            before = runner.emission.window
-            runner.emission.window = PublishWindow(
-                self.setup.publish_window, on_error=before.on_error
-            )
+        rt = await self.connect(Role.WORKFLOW, f"workflow-{index}", None)
+        runner = build_runner(rt, self.setup.publish_window)
         self.runners.append(runner)
         self.runner_tasks.append(asyncio.create_task(runner.run()))
         self.tasks += self.runner_tasks[-1:]
