@@ -238,5 +238,12 @@ def test_a_trainer_gang_that_cannot_start_is_evicted_at_kueues_deadline_and_says
 
     job = wait_until("Kueue deactivates the gang after its one re-queue", deactivated, timeout=60)
     assert (condition_of(job, "Suspended") or {})["status"] == "True"
-    held = job_pods(kubectl, ns, "stuck")
-    assert all(gated(p) for p in held)  # made again, behind the gate, and held there
+
+    # Made again, behind the gate, and held there: the pods of the evicted attempt may still
+    # be going when the Workload is deactivated, so wait for the operator's new ones.
+    def all_held() -> list[dict[str, Any]] | None:
+        found = job_pods(kubectl, ns, "stuck")
+        return found if found and all(gated(p) for p in found) else None
+
+    held = wait_until("every pod made again behind the gate", all_held, timeout=30)
+    assert all(gated(p) for p in held)
